@@ -1,0 +1,113 @@
+"""Command line: ``python -m ddp_engine launch | stop | status``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ddp_engine.config import ConfigError, add_config_arguments, config_from_namespace
+from ddp_engine.run_dir import FINAL_STATES, read_status
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ddp_engine",
+        description="Rankscope's DDP engine: launch training with torchrun, stop it, see it.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    launch = sub.add_parser("launch", help="train on this machine (one process per device)",
+                            description="Train with torchrun on this machine. Every flag is "
+                            "also a key of the --config file (--max-steps is max_steps).")
+    add_config_arguments(launch)
+    stop = sub.add_parser("stop", help="ask a running run to stop (agreed stop, checkpoint)")
+    stop.add_argument("run_dir", metavar="RUN_DIR")
+    stop.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                      help="seconds to wait for the run to end (default: 120)")
+    status = sub.add_parser("status", help="state, step and last metrics of a run")
+    status.add_argument("run_dir", metavar="RUN_DIR")
+    status.add_argument("--json", action="store_true", help="print status.json as it is")
+    return parser
+
+
+def cmd_launch(ns: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_namespace(ns)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from ddp_engine.launcher import launch  # imports psutil and (later) torch
+
+    return launch(cfg)
+
+
+def _load_status(run_dir: str) -> dict | None:
+    if not Path(run_dir).is_dir():
+        print(f"error: run_dir: {run_dir!r} is not a folder", file=sys.stderr)
+        return None
+    data = read_status(run_dir)
+    if data is None:
+        print(f"error: run_dir: {run_dir!r} has no readable status.json (not a run folder?)",
+              file=sys.stderr)
+    return data
+
+
+def cmd_status(ns: argparse.Namespace) -> int:
+    data = _load_status(ns.run_dir)
+    if data is None:
+        return 2
+    if ns.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    print(f"state: {data.get('state')}")
+    print(f"step: {data.get('step')}/{data.get('total_steps', '?')}  epoch: {data.get('epoch')}")
+    if data.get("reason"):
+        print(f"reason: {data['reason']}")
+    print(f"device: {data.get('device')}  processes: {data.get('nproc')}  pids: "
+          f"{data.get('pids')}")
+    metrics = data.get("last_metrics") or {}
+    for r in metrics.get("ranks", []):
+        print(f"  rank {r['rank']}: loss {r.get('loss')}  samples/s {r.get('samples_per_s')}")
+    if data.get("checkpoint"):
+        print(f"checkpoint: {data['checkpoint']}")
+    return 0
+
+
+def cmd_stop(ns: argparse.Namespace) -> int:
+    import psutil
+
+    data = _load_status(ns.run_dir)
+    if data is None:
+        return 2
+    if data.get("state") in FINAL_STATES:
+        print(f"run already ended: {data.get('state')}")
+        return 0
+    pid = data.get("launcher_pid")
+    try:
+        proc = psutil.Process(int(pid))
+        if proc.create_time() > float(data.get("started", 0)) + 1:
+            raise psutil.NoSuchProcess(int(pid))  # the pid was reused by another process
+        proc.terminate()  # the launcher forwards it: an agreed stop at a step boundary
+    except (psutil.Error, TypeError, ValueError):
+        print(f"error: the launcher (pid {pid}) of {ns.run_dir} is not running", file=sys.stderr)
+        return 1
+    deadline = time.monotonic() + ns.timeout
+    while time.monotonic() < deadline:
+        data = read_status(ns.run_dir) or {}
+        if data.get("state") in FINAL_STATES:
+            print(f"{data['state']} at step {data.get('step')}"
+                  + (f": {data['reason']}" if data.get("reason") else ""))
+            return 0 if data["state"] in ("stopped", "completed") else 1
+        time.sleep(0.2)
+    print(f"error: the run did not end within {ns.timeout:g} s", file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    return {"launch": cmd_launch, "stop": cmd_stop, "status": cmd_status}[ns.command](ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

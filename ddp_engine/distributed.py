@@ -1,0 +1,161 @@
+"""Process-group set-up and teardown, the CPU side group, and the agreed stop."""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Who this process is, as torchrun's environment says."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+    @classmethod
+    def from_env(cls) -> DistInfo:
+        """Read RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (set by torchrun).
+
+        Raises:
+            RuntimeError: when not started by torchrun.
+        """
+        missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k not in os.environ]
+        if missing:
+            raise RuntimeError(f"{', '.join(missing)} not set: start the worker with torchrun "
+                               "(torchrun --nproc-per-node N -m ddp_engine.worker --config FILE)"
+                               " or with python -m ddp_engine launch")
+        world = int(os.environ["WORLD_SIZE"])
+        return cls(rank=int(os.environ["RANK"]), local_rank=int(os.environ["LOCAL_RANK"]),
+                   world_size=world,
+                   local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+
+
+def choose_backend(device_pref: str, local_world_size: int) -> str:
+    """nccl when CUDA is wanted and every local rank has its own GPU, else gloo.
+
+    Raises:
+        RuntimeError: device "cuda" was asked for but there are too few GPUs.
+    """
+    gpus = torch.cuda.device_count() if device_pref != "cpu" else 0
+    if gpus >= local_world_size and gpus > 0:
+        return "nccl"
+    if device_pref == "cuda":
+        raise RuntimeError(f"device: cuda needs one GPU per local rank: {local_world_size} ranks, "
+                           f"{gpus} GPUs visible (CUDA_VISIBLE_DEVICES="
+                           f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    return "gloo"
+
+
+@dataclass
+class DistContext:
+    """What a worker needs after init: identity, device and the CPU side group."""
+
+    info: DistInfo
+    backend: str
+    device: torch.device
+    side_group: dist.ProcessGroup
+    """A gloo group for small CPU collectives (stop flag, per-rank stats): no GPU sync."""
+
+
+def init_distributed(device_pref: str, timeout_s: float) -> DistContext:
+    """init_process_group (nccl on GPUs, gloo on CPU), set the CUDA device, make the side group."""
+    info = DistInfo.from_env()
+    backend = choose_backend(device_pref, info.local_world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(info.local_rank)
+        device = torch.device("cuda", info.local_rank)
+    else:
+        device = torch.device("cpu")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+    side = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    assert side is not None
+    return DistContext(info=info, backend=backend, device=device, side_group=side)
+
+
+def teardown() -> None:
+    """destroy_process_group if a group exists; safe to call on every exit path."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class StopFlag:
+    """A local stop request (signal, or a command on rank 0) and the all-ranks agreement on it.
+
+    Ranks call :meth:`agreed` at the same steps; it all-reduces the local flags (MAX) on the CPU
+    side group, so all ranks see the same answer and stop after the same step.
+    """
+
+    def __init__(self, every: int, side_group: dist.ProcessGroup | None = None) -> None:
+        self._event = threading.Event()
+        self._group = side_group
+        self._every = every
+        self.reason: str | None = None
+        self._buf = torch.zeros(1, dtype=torch.int32)
+
+    def attach(self, side_group: dist.ProcessGroup) -> None:
+        """Use ``side_group`` for the agreement (created after the handlers were installed)."""
+        self._group = side_group
+
+    def request(self, reason: str) -> None:
+        """Ask for a stop (thread- and signal-safe)."""
+        if not self._event.is_set():
+            self.reason = reason
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM, SIGINT and SIGHUP (which torchrun forwards) request a stop."""
+
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            self.request(f"signal {signal.Signals(signum).name}")
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, handler)
+
+    def agreed(self, step: int, *, force_check: bool = False) -> bool:
+        """True on every rank when any rank asked to stop (checked every ``every`` steps)."""
+        if not force_check and step % self._every != 0:
+            return False
+        self._buf.fill_(1 if self._event.is_set() else 0)
+        if self._group is not None:
+            dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self._group)
+        if self._buf.item() and not self._event.is_set():
+            self.request("another rank asked to stop")
+        return bool(self._buf.item())
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` when the parent (the launcher) dies, so no rank is orphaned."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the launcher's sweep still applies
+        pass
+
+
+def all_gather_rows(values: list[float], group: dist.ProcessGroup | None,
+                    world_size: int) -> list[list[float]]:
+    """Gather one row of floats from every rank (on the CPU side group); row r is rank r's."""
+    row = torch.tensor(values, dtype=torch.float64)
+    if group is None or world_size == 1:
+        return [row.tolist()]
+    rows = [torch.empty_like(row) for _ in range(world_size)]
+    dist.all_gather(rows, row, group=group)
+    return [r.tolist() for r in rows]

@@ -1,0 +1,307 @@
+"""The training loop: the standard DDP recipe, with an agreed stop at step boundaries."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_engine import checkpoint
+from ddp_engine.config import ConfigError, RunConfig
+from ddp_engine.data import DataBundle, build_datasets, make_loader
+from ddp_engine.distributed import DistContext, StopFlag, all_gather_rows
+from ddp_engine.losses import build_loss
+from ddp_engine.models import build_model
+from ddp_engine.telemetry import MetricsWriter
+
+log = logging.getLogger("ddp_engine.trainer")
+
+REPORT_FIELDS: tuple[str, ...] = ("loss", "samples_per_s", "step_time_s")
+"""Per-rank values gathered to rank 0 at each log interval, in this order."""
+
+
+@dataclass
+class Position:
+    """Where training is: optimizer steps done, and the place within the current epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+
+
+class Trainer:
+    """Builds model, data and optimizer from a RunConfig and runs the loop on one rank."""
+
+    def __init__(self, cfg: RunConfig, ctx: DistContext, run_dir: Path, stop: StopFlag) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.rank = ctx.info.rank
+        self.world = ctx.info.world_size
+        self.device = ctx.device
+        self.run_dir = run_dir
+        self.stop = stop
+        self.writer = MetricsWriter(run_dir) if self.rank == 0 else None
+        self.pos = Position()
+        self._last_eval_step = -1
+
+        torch.manual_seed(cfg.seed + self.rank)
+        self.data: DataBundle = build_datasets(cfg)
+        model = build_model(cfg, self.data.info).to(self.device)
+        torch.manual_seed(cfg.seed)  # identical initial weights are broadcast by DDP anyway
+        on_cuda = self.device.type == "cuda"
+        self.model = DDP(model, device_ids=[self.device.index] if on_cuda else None,
+                         find_unused_parameters=cfg.find_unused_parameters)
+        self.optimizer = self._make_optimizer()
+        self.loss_fn = build_loss(cfg.loss)
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+
+        self.loader, self.sampler = make_loader(
+            self.data.train, rank=self.rank, world_size=self.world, batch_size=cfg.batch_size,
+            seed=cfg.seed, shuffle=True, num_workers=cfg.num_workers, pin_memory=on_cuda,
+            drop_last=True)
+        self.steps_per_epoch = len(self.loader) // cfg.grad_accum
+        if self.steps_per_epoch == 0:
+            n = len(self.data.train)  # type: ignore[arg-type]
+            raise ConfigError(f"batch_size: {cfg.batch_size} x grad_accum {cfg.grad_accum} x "
+                              f"nproc {self.world} samples per step exceed the {n} training "
+                              "samples; lower batch_size, grad_accum or nproc")
+        limits = [cfg.max_steps or math.inf]
+        if cfg.total_epochs is not None:
+            limits.append(cfg.total_epochs * self.steps_per_epoch)
+        self.total_steps = int(min(limits))
+        self.val_loader = None
+        if self.data.val is not None and len(self.data.val) > 0:  # type: ignore[arg-type]
+            self.val_loader, _ = make_loader(
+                self.data.val, rank=self.rank, world_size=self.world, batch_size=cfg.batch_size,
+                seed=cfg.seed, shuffle=False, num_workers=0, pin_memory=on_cuda,
+                drop_last=False)
+        if cfg.resume:
+            self._resume(cfg.resume)
+
+    # ------------------------------------------------------------------------------ set-up
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        params = self.model.parameters()
+        cfg = self.cfg
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                                   weight_decay=cfg.weight_decay)
+        if cfg.optimizer == "adam":
+            return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def _resume(self, path: str) -> None:
+        state = checkpoint.load(path, map_location=self.device)
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.pos = Position(int(state["step"]), int(state["epoch"]),
+                            int(state["step_in_epoch"]))
+        rngs = state.get("rng") or []
+        if len(rngs) == self.world:
+            checkpoint.restore_rng(rngs[self.rank])
+        else:
+            torch.manual_seed(self.cfg.seed + self.rank + 1_000_003 * self.pos.step)
+        log.info("resumed from %s at step %d (epoch %d, step %d of it)", path, self.pos.step,
+                 self.pos.epoch, self.pos.step_in_epoch)
+
+    # ------------------------------------------------------------------------------ the loop
+    def run(self) -> str:
+        """Train until done or an agreed stop. Returns "completed" or "stopped"."""
+        cfg = self.cfg
+        self._emit_event("run_start", total_steps=self.total_steps, world_size=self.world,
+                         steps_per_epoch=self.steps_per_epoch, backend=self.ctx.backend,
+                         start_step=self.pos.step)
+        outcome = "completed"
+        interval = _Interval(self.device)
+        while self.pos.step < self.total_steps:
+            self.sampler.set_epoch(self.pos.epoch)
+            self.sampler.skip(self.pos.step_in_epoch * cfg.grad_accum * cfg.batch_size)
+            self._emit_event("epoch_start", epoch=self.pos.epoch)
+            batches = iter(self.loader)
+            while self.pos.step_in_epoch < self.steps_per_epoch:
+                loss = self._train_step(batches)
+                self.pos.step += 1
+                self.pos.step_in_epoch += 1
+                interval.add(loss, cfg.batch_size * cfg.grad_accum)
+                step = self.pos.step
+                if step % cfg.log_every == 0 or step == self.total_steps:
+                    self._report(interval)
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    self.save_checkpoint(periodic=True)
+                if self.val_loader is not None and cfg.eval_every and step % cfg.eval_every == 0:
+                    self.evaluate()
+                if self.stop.agreed(step):
+                    outcome = "stopped"
+                    break
+                if step >= self.total_steps:
+                    break
+            if outcome == "stopped":
+                break
+            if self.pos.step_in_epoch >= self.steps_per_epoch:
+                self.pos.epoch += 1
+                self.pos.step_in_epoch = 0
+        if outcome == "stopped":
+            self._emit_event("stopping", step=self.pos.step, reason=self.stop.reason)
+        elif self.val_loader is not None and self._last_eval_step != self.pos.step:
+            self.evaluate()
+        self.save_checkpoint(periodic=False)
+        self._emit_event(outcome, step=self.pos.step, epoch=self.pos.epoch)
+        if self.writer is not None:
+            self.writer.close()
+        return outcome
+
+    def _train_step(self, batches: Iterator[Any]) -> torch.Tensor:
+        """One optimizer step over grad_accum micro-batches; returns the mean loss (on device)."""
+        cfg = self.cfg
+        self.model.train()
+        total = torch.zeros((), device=self.device)
+        for micro in range(cfg.grad_accum):
+            x, y = next(batches)
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            last = micro == cfg.grad_accum - 1
+            # no_sync skips the gradient all-reduce on all but the last micro-step.
+            sync_ctx = contextlib.nullcontext() if last else self.model.no_sync()
+            with sync_ctx:
+                with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                                    enabled=self.autocast_dtype is not None):
+                    loss = self.loss_fn(self.model(x), y) / cfg.grad_accum
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            total += loss.detach().float()
+        if cfg.grad_clip is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    # ------------------------------------------------------------------------------ reporting
+    def _report(self, interval: _Interval) -> None:
+        """Gather every rank's interval stats on the CPU side group; rank 0 writes them."""
+        values = interval.take()  # note: loss.item() inside is a host-device sync, reporting only
+        rows = all_gather_rows([values[k] for k in REPORT_FIELDS], self.ctx.side_group,
+                               self.world)
+        if self.writer is None:
+            return
+        ranks = []
+        for r, row in enumerate(rows):
+            entry: dict[str, Any] = {"rank": r}
+            entry.update({k: _finite_or_none(v) for k, v in zip(REPORT_FIELDS, row, strict=True)})
+            ranks.append(entry)
+        self.writer.write({"type": "metrics", "step": self.pos.step, "epoch": self.pos.epoch,
+                           "total_steps": self.total_steps, "ranks": ranks})
+
+    def _emit_event(self, kind: str, **fields: Any) -> None:
+        if self.writer is not None:
+            self.writer.write({"type": "event", "kind": kind, **fields})
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss (and accuracy for classification) over all ranks' shards."""
+        assert self.val_loader is not None
+        self.model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss*n, correct, n
+        for x, y in self.val_loader:
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                                enabled=self.autocast_dtype is not None):
+                out = self.model(x)
+                loss = self.loss_fn(out, y)
+            n = y.size(0)
+            sums[0] += loss.double() * n
+            sums[2] += n
+            if self.data.info.task == "classification" and out.dim() == 2:
+                sums[1] += (out.argmax(dim=1) == y).sum().double()
+        dist.all_reduce(sums)
+        total = max(sums[2].item(), 1.0)  # note: .item() syncs; evaluation only
+        result = {"val_loss": sums[0].item() / total}
+        if self.data.info.task == "classification":
+            result["val_accuracy"] = sums[1].item() / total
+        self._last_eval_step = self.pos.step
+        self._emit_event("eval", step=self.pos.step, epoch=self.pos.epoch, **result)
+        return result
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, *, periodic: bool) -> None:
+        """Collective: every rank contributes its RNG state; rank 0 alone writes the file."""
+        rngs: list[Any] = [None] * self.world
+        dist.all_gather_object(rngs, checkpoint.capture_rng(), group=self.ctx.side_group)
+        if self.rank != 0:
+            return
+        pos = self.pos
+        epoch, step_in_epoch = pos.epoch, pos.step_in_epoch
+        if step_in_epoch >= self.steps_per_epoch:
+            epoch, step_in_epoch = epoch + 1, 0
+        payload = {
+            "format": checkpoint.FORMAT,
+            "format_version": checkpoint.FORMAT_VERSION,
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "step": pos.step,
+            "epoch": epoch,
+            "step_in_epoch": step_in_epoch,
+            "world_size": self.world,
+            "rng": rngs,
+            "config": self.cfg.to_dict(),
+        }
+        folder = self.run_dir / "checkpoints"
+        path = folder / "last.pt"
+        checkpoint.save_atomic(payload, path)
+        paths = [str(path)]
+        if periodic and self.cfg.keep_step_checkpoints:
+            step_path = folder / f"step-{pos.step}.pt"
+            checkpoint.save_atomic(payload, step_path)
+            paths.append(str(step_path))
+        self._emit_event("checkpoint_saved", step=pos.step, epoch=epoch, paths=paths)
+
+
+class _Interval:
+    """Loss and throughput since the last report, kept on device between reports."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.loss_sum = torch.zeros((), device=device)
+        self.steps = 0
+        self.samples = 0
+        self.start = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, samples: int) -> None:
+        self.loss_sum += loss
+        self.steps += 1
+        self.samples += samples
+
+    def take(self) -> dict[str, float]:
+        loss = self.loss_sum.item() / max(self.steps, 1)
+        now = time.perf_counter()
+        elapsed = max(now - self.start, 1e-9)
+        out = {"loss": loss, "samples_per_s": self.samples / elapsed,
+               "step_time_s": elapsed / max(self.steps, 1)}
+        self.loss_sum.zero_()
+        self.steps = self.samples = 0
+        self.start = now
+        return out
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None

@@ -1,0 +1,91 @@
+"""torchrun's target: ``torchrun --nproc-per-node N -m ddp_engine.worker --config FILE``.
+
+init_process_group -> Trainer -> destroy_process_group, the last on every exit path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ddp_engine.config import ConfigError, RunConfig, load_config_file
+from ddp_engine.distributed import (
+    DistContext,
+    StopFlag,
+    init_distributed,
+    set_parent_death_signal,
+    teardown,
+)
+from ddp_engine.run_dir import atomic_write_json, new_run_dir, prepare_run_dir, rank_file
+
+log = logging.getLogger("ddp_engine.worker")
+
+
+def resolve_run_dir(cfg: RunConfig, ctx: DistContext) -> Path:
+    """The run folder: ``cfg.run_dir``, or one that rank 0 creates and broadcasts."""
+    if cfg.run_dir:
+        return prepare_run_dir(cfg.run_dir)
+    box: list[str | None] = [None]
+    if ctx.info.rank == 0:
+        box[0] = str(new_run_dir(cfg.runs_dir, cfg.default_name()))
+    dist.broadcast_object_list(box, src=0, group=ctx.side_group)
+    assert box[0] is not None
+    return prepare_run_dir(box[0])
+
+
+def write_rank_state(run_dir: Path, ctx: DistContext, state: str, **extra: object) -> None:
+    atomic_write_json(rank_file(run_dir, ctx.info.rank), {
+        "rank": ctx.info.rank, "local_rank": ctx.info.local_rank, "pid": os.getpid(),
+        "device": str(ctx.device), "state": state, "time": time.time(), **extra})
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_engine.worker",
+                                     description="One DDP rank; start it with torchrun.")
+    parser.add_argument("--config", required=True, help="TOML or JSON RunConfig")
+    args = parser.parse_args(argv)
+    rank = os.environ.get("RANK", "?")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    cfg = RunConfig.from_dict(load_config_file(args.config), source=f"config {args.config}")
+    set_parent_death_signal()
+    stop = StopFlag(cfg.stop_check_every)
+    stop.install_signal_handlers()  # before init: a stop during start-up is kept, not lost
+
+    ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
+    run_dir: Path | None = None
+    try:
+        stop.attach(ctx.side_group)
+        run_dir = resolve_run_dir(cfg, ctx)
+        log.info("rank %d/%d on %s (backend %s), run folder %s", ctx.info.rank,
+                 ctx.info.world_size, ctx.device, ctx.backend, run_dir)
+        write_rank_state(run_dir, ctx, "running")
+        from ddp_engine.trainer import Trainer  # after init: model/data building is slow
+
+        trainer = Trainer(cfg, ctx, run_dir, stop)
+        outcome = trainer.run()
+        write_rank_state(run_dir, ctx, outcome, step=trainer.pos.step, epoch=trainer.pos.epoch)
+        log.info("%s at step %d", outcome, trainer.pos.step)
+    except BaseException as e:
+        if run_dir is not None:
+            write_rank_state(run_dir, ctx, "failed", error=f"{type(e).__name__}: {e}",
+                             traceback=traceback.format_exc()[-4000:])
+        if isinstance(e, ConfigError):
+            log.error("%s", e)
+        raise
+    finally:
+        teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

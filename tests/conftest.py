@@ -1,0 +1,74 @@
+"""Shared helpers: run the engine as a user would (a real subprocess), wait on conditions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def engine_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_engine(*args: str, timeout: float = 240, cwd: Path | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    """``python -m ddp_engine ARGS`` to the end; output captured."""
+    return subprocess.run([sys.executable, "-m", "ddp_engine", *args], capture_output=True,
+                          text=True, timeout=timeout, env=engine_env(), cwd=cwd or REPO)
+
+
+def start_engine(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    """Start ``python -m ddp_engine ARGS`` in its own session (as the app does)."""
+    f = open(log, "wb")
+    return subprocess.Popen([sys.executable, "-m", "ddp_engine", *args], stdout=f,
+                            stderr=subprocess.STDOUT, env=engine_env(), cwd=REPO,
+                            start_new_session=True)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str,
+             interval: float = 0.1) -> object:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    """Live processes whose command line contains ``text`` (e.g. a unique run folder)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(text in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _gpu_count() -> int:
+    from ddp_engine.devices import gpu_count
+
+    return gpu_count()
+
+
+cuda = pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA device (none visible to NVML)")

@@ -1,0 +1,27 @@
+"""Loss plugins that misbehave on purpose, for the fault tests."""
+
+import os
+import time
+
+import torch.nn.functional as F
+
+_calls = 0
+
+
+def raise_on_rank1(output, target):
+    """Rank 1 raises at its 5th micro-step."""
+    global _calls
+    _calls += 1
+    if os.environ.get("RANK") == "1" and _calls == 5:
+        raise RuntimeError("boom from the test plugin")
+    return F.cross_entropy(output, target)
+
+
+def hang_on_rank1(output, target):
+    """Rank 1 stops answering at its 5th micro-step (a hung rank that ignores stop requests)."""
+    global _calls
+    _calls += 1
+    if os.environ.get("RANK") == "1" and _calls >= 5:
+        while True:
+            time.sleep(0.5)
+    return F.cross_entropy(output, target)

@@ -1,0 +1,226 @@
+"""Real 2-process gloo runs through the launcher, as a user starts them from a terminal."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_engine.run_dir import iter_metrics, rank_log_files, read_rank_files, read_status
+from tests.conftest import (
+    REPO,
+    engine_env,
+    processes_mentioning,
+    run_engine,
+    start_engine,
+    wait_for,
+)
+
+FAULTY = REPO / "tests" / "ddp_engine" / "plugins" / "faulty.py"
+pytestmark = pytest.mark.slow
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [m for m in iter_metrics(run_dir) if m["type"] == "metrics"]
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    return [m for m in iter_metrics(run_dir) if m["type"] == "event" and m["kind"] == kind]
+
+
+def assert_no_process_left(run_dir: Path) -> None:
+    left = processes_mentioning(str(run_dir))
+    assert not left, f"processes of the run still alive: {[p.pid for p in left]}"
+    for pid in (read_status(run_dir) or {}).get("pids", {}).values():
+        assert not _alive(pid), f"rank process {pid} is still alive"
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def mean_loss(m: dict) -> float:
+    return sum(r["loss"] for r in m["ranks"]) / len(m["ranks"])
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The README's demo: mlp on synthetic data, 2 CPU processes, 200 steps."""
+    run_dir = tmp_path_factory.mktemp("demo") / "run"
+    proc = run_engine("launch", "--model", "mlp", "--dataset", "synthetic", "--nproc", "2",
+                      "--max-steps", "200", "--run-dir", str(run_dir))
+    return run_dir, proc
+
+
+def test_demo_run_completes_with_falling_loss(finished_run) -> None:
+    run_dir, proc = finished_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ms = metrics(run_dir)
+    assert [m["step"] for m in ms] == list(range(10, 201, 10))
+    assert all(len(m["ranks"]) == 2 and {r["rank"] for r in m["ranks"]} == {0, 1} for m in ms)
+    # Every rank reports its own loss, each computed on its own shard: they differ.
+    assert any(m["ranks"][0]["loss"] != m["ranks"][1]["loss"] for m in ms)
+    first, last = mean_loss(ms[0]), mean_loss(ms[-1])
+    assert last < 0.5 * first, (first, last)
+    status = read_status(run_dir)
+    assert status["state"] == "completed" and status["step"] == 200
+    assert status["exit_codes"] == {"0": 0, "1": 0}
+    assert "step 200/200" in proc.stdout and "samples/s" in proc.stdout and "ETA" in proc.stdout
+    assert_no_process_left(run_dir)
+
+
+def test_run_folder_holds_config_logs_and_rank_files(finished_run) -> None:
+    run_dir, _ = finished_run
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["nproc"] == 2 and cfg["device"] == "cpu" and cfg["run_dir"] == str(run_dir)
+    logs = rank_log_files(run_dir)
+    assert sorted(logs) == [0, 1]
+    assert "rank 1/2 on cpu (backend gloo)" in logs[1].read_text()
+    ranks = read_rank_files(run_dir)
+    assert {r: d["state"] for r, d in ranks.items()} == {0: "completed", 1: "completed"}
+    for m in iter_metrics(run_dir):
+        assert isinstance(m["time"], float) and m["type"] in ("metrics", "event")
+
+
+def test_checkpoint_written_once_by_rank0_and_loads_weights_only(finished_run) -> None:
+    run_dir, _ = finished_run
+    saved = events(run_dir, "checkpoint_saved")
+    assert len(saved) == 1 and saved[0]["step"] == 200
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.pt"]
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert state["step"] == 200 and state["world_size"] == 2 and len(state["rng"]) == 2
+    # model.module.state_dict(): no DDP "module." prefix.
+    assert state["model"] and not any(k.startswith("module.") for k in state["model"])
+    assert state["config"]["max_steps"] == 200
+
+
+def test_resume_continues_at_the_saved_step(finished_run, tmp_path: Path) -> None:
+    src_dir, _ = finished_run
+    run_dir = tmp_path / "resumed"
+    proc = run_engine("launch", "--nproc", "2", "--max-steps", "230", "--resume",
+                      str(src_dir / "checkpoints" / "last.pt"), "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    start = events(run_dir, "run_start")[0]
+    assert start["start_step"] == 200
+    steps = [m["step"] for m in metrics(run_dir)]
+    assert steps == [210, 220, 230]
+    # The model carried on where it was: the loss did not jump back to its untrained value.
+    before = mean_loss(metrics(src_dir)[-1])
+    assert mean_loss(metrics(run_dir)[0]) < 2 * before + 0.1
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 230
+
+
+def test_sigterm_mid_run_stops_all_ranks_at_one_step(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
+                        str(run_dir), log=tmp_path / "out.log")
+    try:
+        wait_for(lambda: len(metrics(run_dir)) >= 2, 120, "training to report twice")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0, (tmp_path / "out.log").read_text()
+    finally:
+        proc.kill()
+    status = read_status(run_dir)
+    assert status["state"] == "stopped", status
+    ranks = read_rank_files(run_dir)
+    assert {d["state"] for d in ranks.values()} == {"stopped"}
+    assert len({d["step"] for d in ranks.values()}) == 1  # the same step on every rank
+    step = ranks[0]["step"]
+    assert status["step"] == step
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert state["step"] == step
+    assert events(run_dir, "stopped")[0]["step"] == step
+    assert_no_process_left(run_dir)
+
+
+def test_ctrl_c_twice_forces_a_hung_run_down(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--log-every", "1",
+                        "--loss", f"{FAULTY}:hang_on_rank1", "--run-dir", str(run_dir),
+                        log=tmp_path / "out.log")
+    try:
+        wait_for(lambda: len(read_rank_files(run_dir)) == 2, 120, "both ranks to start")
+        wait_for(lambda: len(metrics(run_dir)) >= 1, 60, "a first report")
+        proc.send_signal(signal.SIGINT)  # rank 1 hangs: the agreed stop cannot happen
+        wait_for(lambda: "shutting down workers" in (tmp_path / "out.log").read_text(), 30,
+                 "the launcher to forward the stop")
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    out = (tmp_path / "out.log").read_text()
+    assert code == 130, out
+    status = read_status(run_dir)
+    assert status["state"] == "stopped" and status["forced"] is True, status
+    assert "forced stop" in status["reason"]
+    assert_no_process_left(run_dir)
+
+
+def test_a_raising_rank_fails_the_run_and_is_named(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_engine("launch", "--nproc", "2", "--max-steps", "100", "--loss",
+                      f"{FAULTY}:raise_on_rank1", "--run-dir", str(run_dir))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    status = read_status(run_dir)
+    assert status["state"] == "failed"
+    assert "rank 1" in status["reason"] and "boom from the test plugin" in status["reason"]
+    assert status["exit_codes"]["1"] not in (0, None)
+    log = rank_log_files(run_dir)[1].read_text()
+    assert "Traceback" in log and "RuntimeError: boom from the test plugin" in log
+    assert "failed" in proc.stdout and "rank 1" in proc.stdout
+    assert_no_process_left(run_dir)
+
+
+def test_worker_runs_under_plain_torchrun(tmp_path: Path) -> None:
+    """The cluster path: torchrun -m ddp_engine.worker --config run.toml, no launcher."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'model = "mlp"\nmax_steps = 20\nruns_dir = "{tmp_path / "runs"}"\n'
+                   'device = "cpu"\n[dataset]\nname = "synthetic"\nnum_samples = 512\n')
+    env = engine_env()
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "ddp_engine.worker", "--config",
+                           str(cfg)], capture_output=True, text=True, timeout=240, env=env,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()  # one folder, agreed on by both ranks
+    assert run_dir.name.startswith("mlp-synthetic-")
+    assert [m["step"] for m in metrics(run_dir)] == [10, 20]
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+
+
+def test_digits_convnet_grad_accum_and_periodic_checkpoints(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_engine("launch", "--model", "convnet", "--dataset", "digits", "--nproc", "2",
+                      "--max-steps", "40", "--batch-size", "16", "--grad-accum", "2",
+                      "--checkpoint-every", "20", "--keep-step-checkpoints", "--eval-every",
+                      "20", "--lr", "0.003", "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["last.pt", "step-20.pt", "step-40.pt"]
+    evals = events(run_dir, "eval")
+    assert [e["step"] for e in evals] == [20, 40]
+    assert evals[-1]["val_accuracy"] > 0.5  # real handwritten digits, learned in 40 steps
+    assert_no_process_left(run_dir)
+
+
+def test_gpt_tiny_on_a_text_file(tmp_path: Path) -> None:
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    run_dir = tmp_path / "run"
+    proc = run_engine("launch", "--model", "gpt-tiny", "--dataset", f"text:{text}", "--nproc",
+                      "2", "--max-steps", "30", "--batch-size", "8", "--lr", "0.003",
+                      "--dataset-arg", "block_size=32", "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ms = metrics(run_dir)
+    assert mean_loss(ms[-1]) < mean_loss(ms[0])

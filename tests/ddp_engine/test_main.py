@@ -1,0 +1,107 @@
+"""The command line as a user meets it: --help, --dry-run, bad input, status and stop."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from ddp_engine.run_dir import read_status
+from tests.conftest import processes_mentioning, run_engine, start_engine, wait_for
+
+
+def test_help_lists_every_flag_with_its_default() -> None:
+    proc = run_engine("launch", "--help", timeout=60)
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for flag in ("--config", "--model", "--dataset", "--loss", "--nproc", "--gpus",
+                 "--max-steps", "--epochs", "--batch-size", "--lr", "--optimizer", "--precision",
+                 "--grad-accum", "--checkpoint-every", "--resume", "--run-dir", "--runs-dir",
+                 "--name", "--seed", "--log-every", "--dry-run", "--model-arg"):
+        assert flag in text, flag
+    assert "(default: 32)" in text and "(default: adamw)" in text
+
+
+def test_dry_run_prints_the_torchrun_command_and_starts_nothing(tmp_path: Path) -> None:
+    proc = run_engine("launch", "--nproc", "2", "--max-steps", "5", "--runs-dir",
+                      str(tmp_path / "runs"), "--dry-run", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    first, rest = proc.stdout.split("\n", 1)
+    assert "torchrun --standalone --nnodes 1 --nproc-per-node 2" in first
+    assert "-m ddp_engine.worker --config" in first and "CUDA_VISIBLE_DEVICES=''" in first
+    assert '"max_steps": 5' in rest and '"nproc": 2' in rest and '"device": "cpu"' in rest
+    assert not (tmp_path / "runs").exists()
+
+
+def _touch(path: Path, text: str = "x") -> str:
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nproc", "0"], "nproc must be >= 1, got 0"),
+    (["--nproc", "4096"], "nproc must be between 1 and the number of"),
+    (["--gpus", "99"], "gpus: GPU 99 does not exist"),
+    (["--batch-size", "0"], "batch_size must be >= 1, got 0"),
+    (["--batch-size", "ten"], "batch_size must be an integer, got 'ten'"),
+    (["--model", "resnet9000"], "model: unknown model 'resnet9000'; known: mlp, convnet"),
+    (["--dataset", "imagenet"], "dataset: unknown dataset 'imagenet'; known: synthetic"),
+    (["--model", "{tmp}/nope.py:build"], "model: plugin file '{tmp}/nope.py' of"),
+    (["--model", "{plugin}:make_model"], "has no function 'make_model'"),
+    (["--model", "gpt-tiny", "--dataset", "text:{tmp}/none.txt"], "dataset: path "
+                                                                  "'{tmp}/none.txt'"),
+    (["--dataset", "imagefolder:{tmp}/nodir"], "dataset: path '{tmp}/nodir'"),
+    (["--resume", "{tmp}/missing.pt"], "resume: checkpoint '{tmp}/missing.pt' does not exist"),
+    (["--resume", "{junk}"], "is not a Rankscope checkpoint"),
+    (["--run-dir", "{junk}"], "run_dir: '{junk}' is a file, not a folder"),
+    (["--config", "{badtoml}"], "does not parse as TOML"),
+    (["--config", "{tmp}/none.toml"], "config: file '{tmp}/none.toml' does not exist"),
+])
+def test_bad_input_exits_2_with_one_line_before_any_worker(tmp_path: Path, args: list[str],
+                                                           message: str) -> None:
+    names = {"tmp": str(tmp_path), "junk": _touch(tmp_path / "junk.pt", "junk"),
+             "plugin": _touch(tmp_path / "plug.py", "def build():\n    pass\n"),
+             "badtoml": _touch(tmp_path / "bad.toml", "max_steps = [\n")}
+    args = [a.format(**names) for a in args]
+    proc = run_engine("launch", "--runs-dir", str(tmp_path / "runs"), *args, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message.format(**names) in proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(error_lines) == 1, proc.stderr
+    assert not (tmp_path / "runs").exists()  # nothing was started or written
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_bad_checkpoint_with_torch_content_is_refused(tmp_path: Path) -> None:
+    import torch
+
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, other)
+    proc = run_engine("launch", "--resume", str(other), "--runs-dir", str(tmp_path / "r"),
+                      timeout=60)
+    assert proc.returncode == 2
+    assert "is not a Rankscope checkpoint (no format='rankscope-checkpoint' key)" in proc.stderr
+
+
+def test_status_and_stop_commands(tmp_path: Path) -> None:
+    assert run_engine("status", str(tmp_path / "none"), timeout=30).returncode == 2
+    run_dir = tmp_path / "run"
+    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
+                        str(run_dir), log=tmp_path / "out.log")
+    try:
+        wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) > 0, 120, "progress")
+        shown = run_engine("status", str(run_dir), timeout=30)
+        assert shown.returncode == 0
+        assert "state: running" in shown.stdout and "rank 1: loss" in shown.stdout
+        stopped = run_engine("stop", str(run_dir), timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.startswith("stopped at step")
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+    assert read_status(run_dir)["state"] == "stopped"
+    again = run_engine("stop", str(run_dir), timeout=30)
+    assert again.returncode == 0 and "already ended: stopped" in again.stdout
+    assert not processes_mentioning(str(run_dir))

@@ -85,9 +85,11 @@ def cmd_stop(ns: argparse.Namespace) -> int:
         return 0
     pid = data.get("launcher_pid")
     try:
-        proc = psutil.Process(int(pid))
+        if not isinstance(pid, int):
+            raise ValueError(pid)
+        proc = psutil.Process(pid)
         if proc.create_time() > float(data.get("started", 0)) + 1:
-            raise psutil.NoSuchProcess(int(pid))  # the pid was reused by another process
+            raise psutil.NoSuchProcess(pid)  # the pid was reused by another process
         proc.terminate()  # the launcher forwards it: an agreed stop at a step boundary
     except (psutil.Error, TypeError, ValueError):
         print(f"error: the launcher (pid {pid}) of {ns.run_dir} is not running", file=sys.stderr)

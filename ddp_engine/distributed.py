@@ -78,9 +78,11 @@ def init_distributed(device_pref: str, timeout_s: float) -> DistContext:
     else:
         device = torch.device("cpu")
     timeout = datetime.timedelta(seconds=timeout_s)
-    kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
-    side = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    # device_id binds the NCCL communicator to this rank's GPU eagerly.
+    dist.init_process_group(backend=backend, timeout=timeout,
+                            device_id=device if backend == "nccl" else None)
+    side = (dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo"
+            else dist.group.WORLD)
     assert side is not None
     return DistContext(info=info, backend=backend, device=device, side_group=side)
 

@@ -54,7 +54,8 @@ def mean_loss(m: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def finished_run(
+        tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """The README's demo: mlp on synthetic data, 2 CPU processes, 200 steps."""
     run_dir = tmp_path_factory.mktemp("demo") / "run"
     proc = run_engine("launch", "--model", "mlp", "--dataset", "synthetic", "--nproc", "2",

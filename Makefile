@@ -1,0 +1,50 @@
+# Rankscope: `make run` and `make test` are all a new user needs.
+#
+# TORCH picks the PyTorch build pip installs into .venv:
+#   auto  (default) the CUDA build when `nvidia-smi -L` lists a GPU, else the CPU build
+#   cpu   torch==2.13.0, which on machines that carry the CPU wheel (find-links) is that wheel
+#   cuda  the default PyPI build (CUDA, several GB)
+#   anything else is passed to pip as it is, e.g.
+#         make install TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+TORCH  ?= auto
+TORCH_CPU  ?= torch==2.13.0
+TORCH_CUDA ?= torch
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install run demo test lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@spec='$(TORCH)'; \
+	if [ "$$spec" = auto ]; then \
+	  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; \
+	  then spec=cuda; else spec=cpu; fi; \
+	fi; \
+	case "$$spec" in cpu) spec='$(TORCH_CPU)';; cuda) spec='$(TORCH_CUDA)';; esac; \
+	echo "installing PyTorch: $$spec"; \
+	$(PY) -m pip install --quiet $$spec
+	$(PY) -m pip install --quiet -e ".[test]"
+	@touch $(STAMP)
+
+# Until the desktop app lands, `make run` runs the headless demo in the terminal.
+run: demo
+
+demo: install
+	$(PY) -m ddp_engine launch --model mlp --dataset synthetic --nproc 2 --max-steps 200
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: install lint
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -121,13 +122,15 @@ def test_resume_continues_at_the_saved_step(finished_run, tmp_path: Path) -> Non
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 230
 
 
-def test_sigterm_mid_run_stops_all_ranks_at_one_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_mid_run_stops_all_ranks_at_one_step(tmp_path: Path, sig: int) -> None:
+    """SIGTERM (from a script or the app) and SIGINT (Ctrl+C) both give the agreed stop."""
     run_dir = tmp_path / "run"
     proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
                         str(run_dir), log=tmp_path / "out.log")
     try:
         wait_for(lambda: len(metrics(run_dir)) >= 2, 120, "training to report twice")
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         assert proc.wait(timeout=90) == 0, (tmp_path / "out.log").read_text()
     finally:
         proc.kill()
@@ -179,6 +182,23 @@ def test_a_raising_rank_fails_the_run_and_is_named(tmp_path: Path) -> None:
     log = rank_log_files(run_dir)[1].read_text()
     assert "Traceback" in log and "RuntimeError: boom from the test plugin" in log
     assert "failed" in proc.stdout and "rank 1" in proc.stdout
+    assert_no_process_left(run_dir)
+
+
+def test_a_rank_killed_by_a_signal_is_named(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
+                        str(run_dir), log=tmp_path / "out.log")
+    try:
+        wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "training to report")
+        os.kill(read_rank_files(run_dir)[1]["pid"], signal.SIGKILL)
+        assert proc.wait(timeout=90) == 1
+    finally:
+        proc.kill()
+    status = read_status(run_dir)
+    assert status["state"] == "failed"
+    assert "rank 1 was killed by signal SIGKILL" in status["reason"], status["reason"]
+    assert status["exit_codes"]["1"] == -9
     assert_no_process_left(run_dir)
 
 

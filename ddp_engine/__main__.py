@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ddp_engine.config import ConfigError, add_config_arguments, config_from_namespace
+from ddp_engine.protocol import Connection, ProtocolError
 from ddp_engine.run_dir import FINAL_STATES, read_status
 
 
@@ -75,14 +76,53 @@ def cmd_status(ns: argparse.Namespace) -> int:
 
 
 def cmd_stop(ns: argparse.Namespace) -> int:
-    import psutil
-
-    data = _load_status(ns.run_dir)
-    if data is None:
+    """Ask for the agreed stop over the telemetry socket (or, without one, signal the launcher),
+    then wait for the run to end and print the outcome."""
+    run_dir = ns.run_dir
+    if not Path(run_dir).is_dir():
+        print(f"error: run_dir: {run_dir!r} is not a folder", file=sys.stderr)
         return 2
+    data = read_status(run_dir) or {}
     if data.get("state") in FINAL_STATES:
         print(f"run already ended: {data.get('state')}")
         return 0
+    deadline = time.monotonic() + ns.timeout
+    outcome: dict | None = None
+    try:
+        with Connection(run_dir, timeout_s=ns.timeout) as conn:
+            if conn.welcome.get("status", {}).get("state") in FINAL_STATES:
+                outcome = conn.welcome["status"]
+            else:
+                conn.send({"type": "stop"})
+                while (msg := conn.receive()) is not None:
+                    if msg.get("type") == "event" and msg.get("kind") in FINAL_STATES:
+                        outcome = {"state": msg["kind"], "step": msg.get("step")}
+                        break
+    except ProtocolError as e:
+        if not data:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        if not _signal_launcher(data, run_dir):
+            return 1
+    if data:  # started by the launcher: its status.json has the final word
+        while time.monotonic() < deadline:
+            final = read_status(run_dir) or {}
+            if final.get("state") in FINAL_STATES:
+                outcome = final
+                break
+            time.sleep(0.2)
+    if outcome is None:
+        print(f"error: the run did not end within {ns.timeout:g} s", file=sys.stderr)
+        return 1
+    print(f"{outcome['state']} at step {outcome.get('step')}"
+          + (f": {outcome['reason']}" if outcome.get("reason") else ""))
+    return 0 if outcome["state"] in ("stopped", "completed") else 1
+
+
+def _signal_launcher(data: dict, run_dir: str) -> bool:
+    """SIGTERM the launcher named in status.json (it forwards it: an agreed stop)."""
+    import psutil
+
     pid = data.get("launcher_pid")
     try:
         if not isinstance(pid, int):
@@ -90,20 +130,11 @@ def cmd_stop(ns: argparse.Namespace) -> int:
         proc = psutil.Process(pid)
         if proc.create_time() > float(data.get("started", 0)) + 1:
             raise psutil.NoSuchProcess(pid)  # the pid was reused by another process
-        proc.terminate()  # the launcher forwards it: an agreed stop at a step boundary
-    except (psutil.Error, TypeError, ValueError):
-        print(f"error: the launcher (pid {pid}) of {ns.run_dir} is not running", file=sys.stderr)
-        return 1
-    deadline = time.monotonic() + ns.timeout
-    while time.monotonic() < deadline:
-        data = read_status(ns.run_dir) or {}
-        if data.get("state") in FINAL_STATES:
-            print(f"{data['state']} at step {data.get('step')}"
-                  + (f": {data['reason']}" if data.get("reason") else ""))
-            return 0 if data["state"] in ("stopped", "completed") else 1
-        time.sleep(0.2)
-    print(f"error: the run did not end within {ns.timeout:g} s", file=sys.stderr)
-    return 1
+        proc.terminate()
+        return True
+    except (psutil.Error, ValueError):
+        print(f"error: the launcher (pid {pid}) of {run_dir} is not running", file=sys.stderr)
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

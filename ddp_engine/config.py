@@ -127,6 +127,15 @@ class RunConfig:
     """Metrics interval in steps."""
     stop_check_every: int = _f("steps between agreed-stop checks (a tiny CPU all-reduce)", 5)
     """How often ranks agree on whether to stop."""
+    telemetry: bool = _f("per-rank timing (comm hook), device sampling and the live server",
+                         True)
+    """Measure and serve live telemetry; off leaves only loss and throughput in metrics.jsonl."""
+    monitor_port: int = _f("TCP port of rank 0's telemetry server on 127.0.0.1 (0: a free one)",
+                           0)
+    """Port of the live telemetry server."""
+    monitor_buffer_bytes: int = _f("bytes a viewer may fall behind before it is dropped",
+                                   8 * 1024 * 1024)
+    """Bound of each viewer's send buffer."""
     seed: int = _f("random seed (rank r uses seed + r for its own randomness)", 0)
     """Seed."""
     dist_timeout_s: float = _f("seconds before a collective with a dead peer fails", 120.0)
@@ -216,6 +225,10 @@ class RunConfig:
         _at_least("stop_check_every", self.stop_check_every, 1)
         _at_least("num_workers", self.num_workers, 0)
         _at_least("shutdown_timeout_s", self.shutdown_timeout_s, 1)
+        _at_least("monitor_buffer_bytes", self.monitor_buffer_bytes, 1024)
+        if not 0 <= self.monitor_port <= 65535:
+            raise ConfigError(f"monitor_port must be between 0 and 65535, got "
+                              f"{self.monitor_port}")
         _positive("lr", self.lr)
         _positive("dist_timeout_s", self.dist_timeout_s)
         if self.grad_clip is not None:

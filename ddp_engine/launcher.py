@@ -151,6 +151,7 @@ class RunMonitor(threading.Thread):
         self.procs: dict[int, psutil.Process] = {}
         self.total_steps: int | None = None
         self.last_step = 0
+        self.stop_reason: str | None = None
         self._stop_event = threading.Event()
         self._rate: list[tuple[float, int]] = []
 
@@ -207,6 +208,7 @@ class RunMonitor(threading.Thread):
             self.status.update(checkpoint=paths[0] if paths else None)
             self._print(f"checkpoint saved at step {msg.get('step')}: {', '.join(paths)}")
         elif kind == "stopping":
+            self.stop_reason = msg.get("reason")
             self.status.update(state="stopping", step=msg.get("step"))
             self._print(f"stopping at step {msg.get('step')} ({msg.get('reason')}); all ranks "
                         "agreed")
@@ -376,20 +378,29 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     step = max([d["step"] for d in ranks.values() if isinstance(d.get("step"), int)]
                + [monitor.last_step])
     all_ranks = len(states) == world
-    if final.get("state") == "stopped":
+    if final.get("state") in ("completed", "stopped"):
+        signalled = final.get("state") == "stopped"
         if all_ranks and all(s == "stopped" for s in states.values()):
-            final["reason"] = (f"stop requested ({final['stop_signal']}); all ranks stopped at "
-                               f"step {step}")
+            why = monitor.stop_reason or f"signal {final.get('stop_signal')}"
+            final = {"state": "stopped", "reason": f"stop requested ({why}); all ranks stopped "
+                     f"at step {step}", **({"stop_signal": final["stop_signal"]}
+                                           if signalled else {})}
+            code = EXIT_OK
         elif all_ranks and all(s == "completed" for s in states.values()):
             final = {"state": "completed"}
+            code = EXIT_OK
         elif _rank_error(run_dir):
             final = {"state": "failed", "reason": _rank_error(run_dir)}
             code = EXIT_FAILED
-        else:
+        elif signalled:
             unclean = sorted(set(range(world)) - {r for r, s in states.items() if s == "stopped"})
             final.update(forced=True, reason=f"forced stop ({', '.join(signals_seen)}): ranks "
                          f"{unclean} were killed before they stopped cleanly")
             code = EXIT_FORCED
+        else:
+            final = {"state": "failed", "reason": "torchrun ended but the ranks reported "
+                     f"{states or 'nothing'}"}
+            code = EXIT_FAILED
     elif final.get("state") == "failed" and "rank" not in final.get("reason", "rank"):
         final["reason"] = _rank_error(run_dir) or final["reason"]
     if leftover:

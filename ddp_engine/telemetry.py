@@ -1,17 +1,35 @@
-"""What rank 0 publishes: for now the metrics.jsonl record (the live socket builds on it)."""
+"""What rank 0 publishes: metrics.jsonl, and the live server that viewers attach to.
+
+Training never waits for a viewer: :meth:`Telemetry.publish` appends to the history and to each
+viewer's bounded send buffer under a lock and returns; a server thread does all socket I/O.
+A viewer whose buffer would exceed its bound is dropped (counted and logged).
+"""
 
 from __future__ import annotations
 
-import json
+import logging
+import os
+import secrets
+import selectors
+import socket
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddp_engine.run_dir import METRICS_FILE
+from ddp_engine.protocol import MAX_LINE_BYTES, MONITOR_FILE, PROTOCOL_VERSION, decode, encode
+from ddp_engine.run_dir import METRICS_FILE, atomic_write_json
+
+log = logging.getLogger("ddp_engine.telemetry")
+
+DEFAULT_HISTORY = 100_000
+"""Messages held in memory for replay to late viewers (metrics.jsonl has all of them)."""
 
 
 class MetricsWriter:
-    """Appends one JSON object per line to RUN_DIR/metrics.jsonl, each stamped with "time".
+    """Appends one JSON object per line to RUN_DIR/metrics.jsonl.
 
     Each line is written whole and flushed, so a reader never sees half an object except at
     the very end while it is being written (readers skip an unterminated last line).
@@ -20,12 +38,268 @@ class MetricsWriter:
     def __init__(self, run_dir: Path) -> None:
         self._file = open(run_dir / METRICS_FILE, "a", encoding="utf-8")
 
-    def write(self, message: dict[str, Any]) -> dict[str, Any]:
-        message = {"type": message["type"], "time": time.time(),
-                   **{k: v for k, v in message.items() if k != "type"}}
-        self._file.write(json.dumps(message, separators=(",", ":")) + "\n")
+    def write_line(self, line: bytes) -> None:
+        self._file.write(line.decode())
         self._file.flush()
-        return message
 
     def close(self) -> None:
         self._file.close()
+
+
+class _Viewer:
+    def __init__(self, sock: socket.socket, addr: Any) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.limit = 0
+        self.authed = False
+        self.dropped = False  # set by publish(); the server thread closes it
+        self.discarding = False  # inside an oversized line
+
+
+class Telemetry:
+    """Rank 0's publisher: stamps messages, writes metrics.jsonl, serves live viewers.
+
+    Args:
+        run_dir: the run folder (monitor.json and metrics.jsonl go there).
+        welcome_extra: ``{"world_size", "config"}`` sent in every welcome.
+        on_stop: called (from the server thread) when an authenticated viewer sends stop.
+        port: TCP port on 127.0.0.1; 0 picks a free one. None: no server (file only).
+        buffer_bytes: how far a viewer may fall behind the live stream before it is dropped.
+    """
+
+    def __init__(self, run_dir: Path, *, welcome_extra: dict[str, Any],
+                 on_stop: Callable[[], None], port: int | None = 0,
+                 buffer_bytes: int = 8 * 1024 * 1024, history: int = DEFAULT_HISTORY) -> None:
+        self.run_dir = run_dir
+        self._writer = MetricsWriter(run_dir)
+        self._welcome_extra = welcome_extra
+        self._on_stop = on_stop
+        self._buffer_bytes = buffer_bytes
+        self._history: deque[bytes] = deque(maxlen=history)
+        self._status: dict[str, Any] = {"state": "running", "step": 0, "epoch": 0}
+        self._lock = threading.Lock()
+        self._viewers: dict[int, _Viewer] = {}
+        self.dropped_viewers = 0
+        self.token = secrets.token_urlsafe(24)
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        if port is None:
+            return
+        self._sel = selectors.DefaultSelector()
+        self._listener = socket.create_server(("127.0.0.1", port))
+        self._listener.setblocking(False)
+        self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.port = self._listener.getsockname()[1]
+        atomic_write_json(run_dir / MONITOR_FILE, {"host": "127.0.0.1", "port": self.port,
+                                                   "token": self.token, "pid": os.getpid()})
+        os.chmod(run_dir / MONITOR_FILE, 0o600)
+        self._thread = threading.Thread(target=self._serve, name="rankscope-telemetry",
+                                        daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- training-thread side
+    def publish(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Stamp ``message`` with "time", record it, and queue it for every viewer."""
+        message = {"type": message["type"], "time": time.time(),
+                   **{k: v for k, v in message.items() if k != "type"}}
+        line = encode(message)
+        self._writer.write_line(line)
+        with self._lock:
+            self._track_status(message)
+            self._history.append(line)
+            for fd, v in list(self._viewers.items()):
+                if v.authed and not v.dropped:
+                    if len(v.outbuf) + len(line) > v.limit:
+                        self._drop(fd, v, "its send buffer is full (it stopped reading)")
+                    else:
+                        v.outbuf += line
+        self._wake()
+        return message
+
+    def _track_status(self, message: dict[str, Any]) -> None:
+        kind = message.get("kind") if message["type"] == "event" else message["type"]
+        for key in ("step", "epoch", "total_steps"):
+            if key in message:
+                self._status[key] = message[key]
+        if kind in ("stopping", "stopped", "completed", "failed"):
+            self._status["state"] = kind
+
+    def close(self) -> None:
+        """Send what is queued (briefly), close every viewer and the listener."""
+        self._closing = True
+        if self._thread is not None:
+            self._wake()
+            self._thread.join(timeout=5)
+        self._writer.close()
+
+    def _wake(self) -> None:
+        if self._thread is not None:
+            try:
+                self._wake_w.send(b"x")
+            except OSError:  # the pipe is full: the server is awake anyway
+                pass
+
+    # ------------------------------------------------------------------ server-thread side
+    def _serve(self) -> None:
+        drain_deadline: float | None = None
+        try:
+            while True:
+                if self._closing:
+                    if drain_deadline is None:
+                        drain_deadline = time.monotonic() + 2.0
+                    with self._lock:
+                        pending = any(v.outbuf for v in self._viewers.values())
+                    if not pending or time.monotonic() > drain_deadline:
+                        break
+                self._update_interest()
+                for key, mask in self._sel.select(timeout=0.5):
+                    if key.data == "listen":
+                        self._accept()
+                    elif key.data == "wake":
+                        try:
+                            while self._wake_r.recv(4096):
+                                pass
+                        except BlockingIOError:
+                            pass
+                    else:
+                        if mask & selectors.EVENT_READ:
+                            self._read(key.fd)
+                        if mask & selectors.EVENT_WRITE:
+                            self._write(key.fd)
+        finally:
+            with self._lock:
+                for fd, v in list(self._viewers.items()):
+                    self._forget(fd, v)
+            self._sel.close()
+            self._listener.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _update_interest(self) -> None:
+        with self._lock:
+            for fd, v in list(self._viewers.items()):
+                if v.dropped:
+                    self._forget(fd, v)
+                    continue
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if v.outbuf else 0)
+                self._sel.modify(v.sock, events, fd)
+
+    def _accept(self) -> None:
+        try:
+            sock, addr = self._listener.accept()
+        except OSError:
+            return
+        sock.setblocking(False)
+        with self._lock:
+            self._viewers[sock.fileno()] = _Viewer(sock, addr)
+        self._sel.register(sock, selectors.EVENT_READ, sock.fileno())
+
+    def _read(self, fd: int) -> None:
+        with self._lock:
+            v = self._viewers.get(fd)
+        if v is None:
+            return
+        try:
+            data = v.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            with self._lock:
+                self._forget(fd, v)
+            return
+        v.inbuf += data
+        while True:
+            nl = v.inbuf.find(b"\n")
+            if nl < 0:
+                if len(v.inbuf) > MAX_LINE_BYTES:  # oversized: skip to the next newline
+                    v.inbuf.clear()
+                    v.discarding = True
+                return
+            line = bytes(v.inbuf[:nl])
+            del v.inbuf[:nl + 1]
+            if v.discarding:
+                v.discarding = False
+                continue
+            if len(line) > MAX_LINE_BYTES:
+                continue
+            if not self._handle(fd, v, line):
+                return
+
+    def _handle(self, fd: int, v: _Viewer, line: bytes) -> bool:
+        """Act on one client line. Returns False when the viewer was closed."""
+        msg = decode(line)
+        if not v.authed:
+            ok = (msg is not None and msg["type"] == "hello"
+                  and isinstance(msg.get("token"), str)
+                  and secrets.compare_digest(msg["token"], self.token)
+                  and msg.get("protocol") == PROTOCOL_VERSION)
+            with self._lock:
+                if not ok:
+                    self._forget(fd, v)  # nothing is sent to a client without the token
+                    return False
+                welcome = encode({"type": "welcome", "protocol": PROTOCOL_VERSION,
+                                  **self._welcome_extra, "status": dict(self._status)})
+                v.outbuf += welcome
+                for old in self._history:
+                    v.outbuf += old
+                v.limit = len(v.outbuf) + self._buffer_bytes
+                v.authed = True
+            return True
+        if msg is None:
+            return True  # malformed: ignored
+        if msg["type"] == "ping":
+            self._reply(v, {"type": "pong", "time": time.time()})
+        elif msg["type"] == "stop":
+            log.info("stop requested by viewer %s", v.addr)
+            self._on_stop()
+            self._reply(v, {"type": "ack", "command": "stop", "time": time.time()})
+        return True
+
+    def _reply(self, v: _Viewer, message: dict[str, Any]) -> None:
+        with self._lock:
+            v.outbuf += encode(message)
+            v.limit = max(v.limit, len(v.outbuf))
+
+    def _write(self, fd: int) -> None:
+        with self._lock:
+            v = self._viewers.get(fd)
+            if v is None or not v.outbuf:
+                return
+            try:
+                sent = v.sock.send(v.outbuf[:1 << 20])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._forget(fd, v)
+                return
+            del v.outbuf[:sent]
+            v.limit = max(self._buffer_bytes, v.limit - sent)
+
+    def _drop(self, fd: int, v: _Viewer, why: str) -> None:
+        """Called with the lock held, from any thread: the server thread closes the socket."""
+        if v.dropped:
+            return
+        v.dropped = True
+        v.outbuf.clear()
+        self.dropped_viewers += 1
+        log.warning("dropped viewer %s: %s (%d dropped so far)", v.addr, why, self.dropped_viewers)
+
+    def _forget(self, fd: int, v: _Viewer) -> None:
+        """Called with the lock held."""
+        self._viewers.pop(fd, None)
+        try:
+            self._sel.unregister(v.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            v.sock.close()
+        except OSError:
+            pass

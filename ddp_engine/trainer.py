@@ -18,15 +18,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_engine import checkpoint
 from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.data import DataBundle, build_datasets, make_loader
+from ddp_engine.device_sampler import KEYS as DEVICE_KEYS
+from ddp_engine.device_sampler import DeviceSampler
 from ddp_engine.distributed import DistContext, StopFlag, all_gather_rows
 from ddp_engine.losses import build_loss
 from ddp_engine.models import build_model
-from ddp_engine.telemetry import MetricsWriter
+from ddp_engine.sync_timing import StepTimer
+from ddp_engine.telemetry import Telemetry
 
 log = logging.getLogger("ddp_engine.trainer")
 
-REPORT_FIELDS: tuple[str, ...] = ("loss", "samples_per_s", "step_time_s")
-"""Per-rank values gathered to rank 0 at each log interval, in this order."""
+TIMING_FIELDS: tuple[str, ...] = ("data_wait_s", "forward_s", "backward_s", "optimizer_s",
+                                  "sync_time_s", "sync_exposed_s", "sync_bytes", "sync_buckets")
+REPORT_FIELDS: tuple[str, ...] = ("loss", "samples_per_s", "step_time_s", *TIMING_FIELDS,
+                                  *DEVICE_KEYS, "local_rank", "on_cuda")
+"""Per-rank values gathered to rank 0 at each log interval, in this order (NaN for None)."""
 
 
 @dataclass
@@ -41,7 +47,8 @@ class Position:
 class Trainer:
     """Builds model, data and optimizer from a RunConfig and runs the loop on one rank."""
 
-    def __init__(self, cfg: RunConfig, ctx: DistContext, run_dir: Path, stop: StopFlag) -> None:
+    def __init__(self, cfg: RunConfig, ctx: DistContext, run_dir: Path, stop: StopFlag,
+                 telemetry: Telemetry | None = None) -> None:
         self.cfg = cfg
         self.ctx = ctx
         self.rank = ctx.info.rank
@@ -49,7 +56,7 @@ class Trainer:
         self.device = ctx.device
         self.run_dir = run_dir
         self.stop = stop
-        self.writer = MetricsWriter(run_dir) if self.rank == 0 else None
+        self.telemetry = telemetry  # rank 0 only
         self.pos = Position()
         self._last_eval_step = -1
 
@@ -60,6 +67,11 @@ class Trainer:
         on_cuda = self.device.type == "cuda"
         self.model = DDP(model, device_ids=[self.device.index] if on_cuda else None,
                          find_unused_parameters=cfg.find_unused_parameters)
+        self.timer = StepTimer(self.device) if cfg.telemetry else None
+        if self.timer is not None:
+            self.model.register_comm_hook(None, self.timer.hook)
+        self.device_sampler = (DeviceSampler(self.device.type, ctx.info.local_rank)
+                               if cfg.telemetry else None)
         self.optimizer = self._make_optimizer()
         self.loss_fn = build_loss(cfg.loss)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
@@ -118,6 +130,15 @@ class Trainer:
     # ------------------------------------------------------------------------------ the loop
     def run(self) -> str:
         """Train until done or an agreed stop. Returns "completed" or "stopped"."""
+        if self.device_sampler is not None:
+            self.device_sampler.start()
+        try:
+            return self._run()
+        finally:
+            if self.device_sampler is not None:
+                self.device_sampler.request_stop()
+
+    def _run(self) -> str:
         cfg = self.cfg
         self._emit_event("run_start", total_steps=self.total_steps, world_size=self.world,
                          steps_per_epoch=self.steps_per_epoch, backend=self.ctx.backend,
@@ -157,31 +178,42 @@ class Trainer:
             self.evaluate()
         self.save_checkpoint(periodic=False)
         self._emit_event(outcome, step=self.pos.step, epoch=self.pos.epoch)
-        if self.writer is not None:
-            self.writer.close()
         return outcome
 
     def _train_step(self, batches: Iterator[Any]) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches; returns the mean loss (on device)."""
         cfg = self.cfg
+        timer = self.timer
         self.model.train()
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
+            t0 = time.perf_counter()
             x, y = next(batches)
+            if timer is not None:
+                timer.add_data_wait(time.perf_counter() - t0)
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
             last = micro == cfg.grad_accum - 1
             # no_sync skips the gradient all-reduce on all but the last micro-step.
             sync_ctx = contextlib.nullcontext() if last else self.model.no_sync()
             with sync_ctx:
+                s0 = timer.stamp() if timer is not None else None
                 with torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                     enabled=self.autocast_dtype is not None):
                     loss = self.loss_fn(self.model(x), y) / cfg.grad_accum
+                s1 = timer.stamp() if timer is not None else None
                 if self.scaler is not None:
                     self.scaler.scale(loss).backward()
                 else:
                     loss.backward()
+                if timer is not None:
+                    s2 = timer.stamp()
+                    timer.phase("forward", s0, s1)
+                    timer.phase("backward", s1, s2)
+                    if last:
+                        timer.mark_backward_end(s2)
             total += loss.detach().float()
+        s3 = timer.stamp() if timer is not None else None
         if cfg.grad_clip is not None:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
@@ -192,27 +224,42 @@ class Trainer:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if timer is not None:
+            timer.phase("optimizer", s3, timer.stamp())
+            timer.end_step()
         return total
 
     # ------------------------------------------------------------------------------ reporting
     def _report(self, interval: _Interval) -> None:
         """Gather every rank's interval stats on the CPU side group; rank 0 writes them."""
-        values = interval.take()  # note: loss.item() inside is a host-device sync, reporting only
-        rows = all_gather_rows([values[k] for k in REPORT_FIELDS], self.ctx.side_group,
-                               self.world)
-        if self.writer is None:
+        values: dict[str, float | None] = dict(interval.take())  # loss.item(): a sync point,
+        # on reporting steps only
+        values.update(self.timer.collect() if self.timer is not None
+                      else dict.fromkeys(TIMING_FIELDS))
+        values.update(self.device_sampler.latest() if self.device_sampler is not None
+                      else dict.fromkeys(DEVICE_KEYS))
+        values["local_rank"] = self.ctx.info.local_rank
+        values["on_cuda"] = 1.0 if self.device.type == "cuda" else 0.0
+        row = [math.nan if values[k] is None else float(values[k] or 0.0) for k in REPORT_FIELDS]
+        rows = all_gather_rows(row, self.ctx.side_group, self.world)
+        if self.telemetry is None:
             return
         ranks = []
-        for r, row in enumerate(rows):
+        for r, gathered in enumerate(rows):
+            got = dict(zip(REPORT_FIELDS, gathered, strict=True))
             entry: dict[str, Any] = {"rank": r}
-            entry.update({k: _finite_or_none(v) for k, v in zip(REPORT_FIELDS, row, strict=True)})
+            entry.update({k: _finite_or_none(got[k]) for k in REPORT_FIELDS[:-2]})
+            for k in entry:
+                if (k.endswith("_bytes") or k == "sync_buckets") and entry[k] is not None:
+                    entry[k] = round(entry[k])
+            entry["device"] = f"cuda:{int(got['local_rank'])}" if got["on_cuda"] else "cpu"
             ranks.append(entry)
-        self.writer.write({"type": "metrics", "step": self.pos.step, "epoch": self.pos.epoch,
+        self.telemetry.publish({"type": "metrics", "step": self.pos.step, "epoch": self.pos.epoch,
                            "total_steps": self.total_steps, "ranks": ranks})
 
     def _emit_event(self, kind: str, **fields: Any) -> None:
-        if self.writer is not None:
-            self.writer.write({"type": "event", "kind": kind, **fields})
+        if self.telemetry is not None:
+            self.telemetry.publish({"type": "event", "kind": kind, **fields})
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

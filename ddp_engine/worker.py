@@ -25,6 +25,7 @@ from ddp_engine.distributed import (
     teardown,
 )
 from ddp_engine.run_dir import atomic_write_json, new_run_dir, prepare_run_dir, rank_file
+from ddp_engine.telemetry import Telemetry
 
 log = logging.getLogger("ddp_engine.worker")
 
@@ -63,15 +64,23 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
     run_dir: Path | None = None
+    telemetry: Telemetry | None = None
     try:
         stop.attach(ctx.side_group)
         run_dir = resolve_run_dir(cfg, ctx)
         log.info("rank %d/%d on %s (backend %s), run folder %s", ctx.info.rank,
                  ctx.info.world_size, ctx.device, ctx.backend, run_dir)
+        if ctx.info.rank == 0:
+            telemetry = Telemetry(
+                run_dir, welcome_extra={"world_size": ctx.info.world_size,
+                                        "config": cfg.to_dict()},
+                on_stop=lambda: stop.request("stop command from a viewer"),
+                port=cfg.monitor_port if cfg.telemetry else None,
+                buffer_bytes=cfg.monitor_buffer_bytes)
         write_rank_state(run_dir, ctx, "running")
         from ddp_engine.trainer import Trainer  # after init: model/data building is slow
 
-        trainer = Trainer(cfg, ctx, run_dir, stop)
+        trainer = Trainer(cfg, ctx, run_dir, stop, telemetry)
         outcome = trainer.run()
         write_rank_state(run_dir, ctx, outcome, step=trainer.pos.step, epoch=trainer.pos.epoch)
         log.info("%s at step %d", outcome, trainer.pos.step)
@@ -79,10 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         if run_dir is not None:
             write_rank_state(run_dir, ctx, "failed", error=f"{type(e).__name__}: {e}",
                              traceback=traceback.format_exc()[-4000:])
+        if telemetry is not None:
+            telemetry.publish({"type": "event", "kind": "failed", "rank": ctx.info.rank,
+                               "error": f"{type(e).__name__}: {e}"})
         if isinstance(e, ConfigError):
             log.error("%s", e)
         raise
     finally:
+        if telemetry is not None:
+            telemetry.close()
         teardown()
     return 0
 

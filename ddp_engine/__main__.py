@@ -44,13 +44,20 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
 
 def _load_status(run_dir: str) -> dict | None:
+    """status.json, or for a run started by plain torchrun (no launcher) what its live server
+    says in the welcome."""
     if not Path(run_dir).is_dir():
         print(f"error: run_dir: {run_dir!r} is not a folder", file=sys.stderr)
         return None
     data = read_status(run_dir)
     if data is None:
-        print(f"error: run_dir: {run_dir!r} has no readable status.json (not a run folder?)",
-              file=sys.stderr)
+        try:
+            with Connection(run_dir, timeout_s=10) as conn:
+                data = dict(conn.welcome.get("status") or {})
+                data["nproc"] = conn.welcome.get("world_size")
+        except ProtocolError:
+            print(f"error: run_dir: {run_dir!r} has no readable status.json and no live "
+                  "telemetry (not a run folder?)", file=sys.stderr)
     return data
 
 
@@ -58,6 +65,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
     data = _load_status(ns.run_dir)
     if data is None:
         return 2
+
     if ns.json:
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0
@@ -98,6 +106,8 @@ def cmd_stop(ns: argparse.Namespace) -> int:
                     if msg.get("type") == "event" and msg.get("kind") in FINAL_STATES:
                         outcome = {"state": msg["kind"], "step": msg.get("step")}
                         break
+    except TimeoutError:
+        pass  # quiet for --timeout seconds: status.json (if any) decides below
     except ProtocolError as e:
         if not data:
             print(f"error: {e}", file=sys.stderr)

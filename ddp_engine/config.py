@@ -406,7 +406,10 @@ def _check_type(cfg: RunConfig) -> None:
         value = getattr(cfg, name)
         is_bool = isinstance(value, bool)
         if not isinstance(value, types) or (is_bool and bool not in types):
-            want = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            words = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+                     list: "a list", dict: "a table", type(None): "unset"}
+            names = [words[t] for t in types if not (t is int and float in types)]
+            want = " or ".join(names)
             raise ConfigError(f"{name} must be {want}, got {value!r}")
         if isinstance(value, float) and float in types:
             setattr(cfg, name, float(value))

@@ -19,16 +19,16 @@ CPU_KEYS = ("cpu_pct", "rss_bytes")
 KEYS = GPU_KEYS + CPU_KEYS
 
 
-def _nvml_handle(local_rank: int) -> tuple[Any, Any] | tuple[None, None]:
-    """NVML and the handle of the GPU that CUDA calls ``local_rank`` in this process.
-
-    CUDA_VISIBLE_DEVICES (with CUDA_DEVICE_ORDER=PCI_BUS_ID, as the launcher sets) maps CUDA's
-    numbering to NVML's: entry ``local_rank`` is an NVML index or a UUID.
-    """
+def _nvml_handle(local_rank: int, uuid: str | None) -> tuple[Any, Any] | tuple[None, None]:
+    """NVML and the handle of this rank's GPU: by its UUID (from torch) when given, else by
+    entry ``local_rank`` of CUDA_VISIBLE_DEVICES (an NVML index with CUDA_DEVICE_ORDER=PCI_BUS_ID,
+    as the launcher sets, or a UUID)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
+        if uuid:
+            return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         tokens = [t.strip() for t in visible.split(",")] if visible else []
         token = tokens[local_rank] if local_rank < len(tokens) else str(local_rank)
@@ -42,10 +42,12 @@ def _nvml_handle(local_rank: int) -> tuple[Any, Any] | tuple[None, None]:
 class DeviceSampler(threading.Thread):
     """Samples this rank's device at ``hz`` on a drift-free schedule until :meth:`request_stop`."""
 
-    def __init__(self, device_type: str, local_rank: int, hz: float = 2.0) -> None:
+    def __init__(self, device_type: str, local_rank: int, gpu_uuid: str | None = None,
+                 hz: float = 2.0) -> None:
         super().__init__(name=f"rankscope-device-sampler-{local_rank}", daemon=True)
         self.device_type = device_type
         self.local_rank = local_rank
+        self.gpu_uuid = gpu_uuid
         self.period_s = 1.0 / hz
         self._stop_event = threading.Event()
         self._latest: dict[str, float | None] = dict.fromkeys(KEYS)
@@ -61,7 +63,7 @@ class DeviceSampler(threading.Thread):
 
     def run(self) -> None:
         if self.device_type == "cuda":
-            self._nvml, self._handle = _nvml_handle(self.local_rank)
+            self._nvml, self._handle = _nvml_handle(self.local_rank, self.gpu_uuid)
         try:
             with self._proc.oneshot():
                 self._proc.cpu_percent(None)  # first call primes the counter

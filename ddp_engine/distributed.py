@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import os
 import signal
@@ -12,6 +11,8 @@ from types import FrameType
 
 import torch
 import torch.distributed as dist
+
+from ddp_engine.lifeline import PARENT_DEATH_SIGNAL
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ class StopFlag:
     """
 
     def __init__(self, every: int, side_group: dist.ProcessGroup | None = None) -> None:
-        self._event = threading.Event()
+        # A plain attribute, not a threading.Event: signal handlers must not take locks that
+        # the interrupted main thread may hold.
+        self._requested = False
         self._group = side_group
         self._every = every
         self.reason: str | None = None
@@ -112,44 +115,43 @@ class StopFlag:
         self._group = side_group
 
     def request(self, reason: str) -> None:
-        """Ask for a stop (thread- and signal-safe)."""
-        if not self._event.is_set():
+        """Ask for a stop (thread- and signal-safe: two attribute assignments)."""
+        if not self._requested:
             self.reason = reason
-        self._event.set()
+        self._requested = True
 
     @property
     def requested(self) -> bool:
-        return self._event.is_set()
+        return self._requested
 
-    def install_signal_handlers(self) -> None:
-        """SIGTERM, SIGINT and SIGHUP (which torchrun forwards) request a stop."""
+    def install_signal_handlers(self, orphan_grace_s: float) -> None:
+        """SIGTERM, SIGINT and SIGHUP (which torchrun forwards) request a stop. The parent-death
+        signal (the launcher died) requests one too, and ends this process ``orphan_grace_s``
+        later if the stop has not finished by then."""
 
         def handler(signum: int, _frame: FrameType | None) -> None:
             self.request(f"signal {signal.Signals(signum).name}")
 
+        def orphaned(_signum: int, _frame: FrameType | None) -> None:
+            self.request("the launcher died")
+            timer = threading.Timer(orphan_grace_s, os._exit, args=(1,))
+            timer.daemon = True
+            timer.start()
+
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, handler)
+        signal.signal(PARENT_DEATH_SIGNAL, orphaned)
 
     def agreed(self, step: int, *, force_check: bool = False) -> bool:
         """True on every rank when any rank asked to stop (checked every ``every`` steps)."""
         if not force_check and step % self._every != 0:
             return False
-        self._buf.fill_(1 if self._event.is_set() else 0)
+        self._buf.fill_(1 if self._requested else 0)
         if self._group is not None:
             dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self._group)
-        if self._buf.item() and not self._event.is_set():
+        if self._buf.item() and not self._requested:
             self.request("another rank asked to stop")
         return bool(self._buf.item())
-
-
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` when the parent (the launcher) dies, so no rank is orphaned."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the launcher's sweep still applies
-        pass
 
 
 def all_gather_rows(values: list[float], group: dist.ProcessGroup | None,

@@ -2,8 +2,10 @@
 
 The launcher process *is* torchrun's elastic agent: it builds a torchrun command line, parses it
 with torchrun's own parser and runs it through ``torch.distributed.run.run``. The agent starts
-one worker per device (each in its own session), forwards SIGINT/SIGTERM/SIGHUP to them, waits
-``--shutdown-timeout`` and then SIGKILLs. Around that the launcher:
+one worker per device (each in its own session); on a stop signal it forwards it to them, waits
+``--shutdown-timeout`` and then SIGKILLs. The launcher keeps SIGINT/SIGTERM/SIGHUP for itself
+(torchrun handles only SIGQUIT here, see LauncherSignals) so that a second signal can force.
+Around that the launcher:
 
 - validates the config against this machine before anything starts (exit 2 on bad input);
 - keeps RUN_DIR/status.json current from a monitor thread and prints progress lines;
@@ -31,17 +33,17 @@ import psutil
 
 from ddp_engine import devices
 from ddp_engine.config import ConfigError, RunConfig, check_environment, resolved_device
+from ddp_engine.protocol import MONITOR_FILE
 from ddp_engine.run_dir import (
     CONFIG_FILE,
     FINAL_STATES,
     STATUS_FILE,
     MetricsTail,
     atomic_write_json,
+    failed_rank_log,
     new_run_dir,
     prepare_run_dir,
-    rank_log_files,
     read_rank_files,
-    tail_lines,
 )
 
 EXIT_OK = 0
@@ -140,15 +142,18 @@ class RunMonitor(threading.Thread):
     """Follows metrics.jsonl and the rank files: updates status.json, prints progress, and
     remembers every process of the run for the final sweep."""
 
-    def __init__(self, run_dir: Path, status: StatusFile, out: TextIO,
-                 interval_s: float = 0.25) -> None:
+    def __init__(self, run_dir: Path, status: StatusFile, out: TextIO, world_size: int = 1,
+                 interval_s: float = 0.25, process_scan_s: float = 2.0) -> None:
         super().__init__(name="rankscope-run-monitor", daemon=True)
         self.run_dir = run_dir
         self.status = status
         self.out = out
         self.interval_s = interval_s
-        self.tail = MetricsTail(run_dir)
+        self.world_size = world_size
+        self.tail = MetricsTail(run_dir, from_end=True)  # not what an earlier run left
         self.procs: dict[int, psutil.Process] = {}
+        self.process_scan_s = process_scan_s  # a recursive scan reads all of /proc: ~2 ms
+        self._next_scan = 0.0
         self.total_steps: int | None = None
         self.last_step = 0
         self.stop_reason: str | None = None
@@ -162,9 +167,10 @@ class RunMonitor(threading.Thread):
     def request_stop(self) -> None:
         self._stop_event.set()
 
-    def poll_once(self) -> bool:
-        """One look at the run folder and the process tree. Returns True if anything was new."""
-        self._remember_processes()
+    def poll_once(self, scan_processes: bool = False) -> bool:
+        """One look at the run folder (and every ``process_scan_s`` at the process tree).
+        Returns True if anything was new."""
+        self._remember_processes(force=scan_processes)
         new = self.tail.poll()
         for msg in new:
             self._handle(msg)
@@ -172,12 +178,16 @@ class RunMonitor(threading.Thread):
         pids = {str(r): d.get("pid") for r, d in sorted(ranks.items())}
         if pids:
             self.status.update(pids=pids)
-        if ranks and self.status.data.get("state") == "starting" and all(
+        if len(ranks) >= self.world_size and self.status.data.get("state") == "starting" and all(
                 d.get("state") == "running" for d in ranks.values()):
             self.status.update(state="running")
         return bool(new)
 
-    def _remember_processes(self) -> None:
+    def _remember_processes(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_scan:
+            return
+        self._next_scan = now + self.process_scan_s
         try:
             for child in psutil.Process().children(recursive=True):
                 self.procs.setdefault(child.pid, child)
@@ -198,8 +208,8 @@ class RunMonitor(threading.Thread):
         elif kind == "epoch_start":
             self.status.update(epoch=msg.get("epoch"))
         elif kind == "eval":
-            extra = (f", accuracy {msg['val_accuracy']:.3f}" if "val_accuracy" in msg else "")
-            self._print(f"eval at step {msg.get('step')}: val loss {msg.get('val_loss'):.4f}"
+            extra = (f", accuracy {_fmt(msg['val_accuracy'])}" if "val_accuracy" in msg else "")
+            self._print(f"eval at step {msg.get('step')}: val loss {_fmt(msg.get('val_loss'))}"
                         f"{extra}")
             self.status.update(last_eval={k: msg.get(k) for k in
                                           ("step", "val_loss", "val_accuracy") if k in msg})
@@ -286,11 +296,12 @@ def sweep(procs: list[psutil.Process], grace_s: float = SWEEP_GRACE_S) -> list[i
     return [p.pid for p in alive]
 
 
-def _failure_reason(failures: dict[int, Any]) -> tuple[str, dict[str, Any]]:
-    """A one-line reason naming each failed rank, and per-rank exit details."""
+def _failure_reason(failures: dict[int, Any], root: int) -> tuple[str, dict[str, Any]]:
+    """A one-line reason naming each failed rank (the root cause first), and per-rank exit
+    details."""
     parts = []
     details: dict[str, Any] = {}
-    for rank, f in sorted(failures.items()):
+    for rank, f in sorted(failures.items(), key=lambda kv: (kv[0] != root, kv[0])):
         exitcode = int(f.exitcode)
         entry: dict[str, Any] = {"exit_code": exitcode, "pid": f.pid}
         if exitcode < 0:
@@ -313,6 +324,48 @@ def _rank_error(run_dir: Path) -> str | None:
     return None
 
 
+class LauncherSignals:
+    """The launcher's own SIGINT / SIGTERM / SIGHUP handling.
+
+    torchrun is told to handle only SIGQUIT (``PET_SIGNALS_TO_HANDLE``), so these stay ours:
+
+    - before the agent runs ("startup"), a signal is remembered and nothing is started;
+    - while the agent runs, the first signal raises torchrun's ``SignalException``: the agent
+      forwards it to every rank (the agreed stop), waits up to the shutdown timeout, then
+      SIGKILLs; any further signal forces: SIGTERM to every process of the run at once, SIGKILL
+      ``SWEEP_GRACE_S`` later;
+    - afterwards ("done"), a signal is only remembered: the final sweep runs anyway.
+    """
+
+    def __init__(self, monitor: RunMonitor) -> None:
+        self.monitor = monitor
+        self.seen: list[str] = []
+        self.phase = "startup"
+        self.agent_signals = 0
+        self.exception_type: type[BaseException] | None = None
+
+    def install(self) -> None:
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        self.seen.append(sig.name)
+        if self.phase != "agent":
+            return
+        self.agent_signals += 1
+        if self.agent_signals == 1 and self.exception_type is not None:
+            raise self.exception_type(f"launcher got {sig.name}", sig)  # type: ignore[call-arg]
+        self.force()
+
+    def force(self) -> None:
+        """SIGTERM every process of the run now and SIGKILL what is left a little later."""
+        self.monitor.poll_once(scan_processes=True)
+        procs = list(self.monitor.procs.values())
+        threading.Thread(target=sweep, args=(procs,), name="rankscope-force-stop",
+                         daemon=True).start()
+
+
 def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     """Run a whole launch. Returns the process exit code (0 completed or stopped)."""
     try:
@@ -326,14 +379,16 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         return EXIT_OK
 
     run_dir = Path(plan.cfg.run_dir or ".")
-    for old in (run_dir / "ranks").glob("rank-*.json"):
-        old.unlink()
+    for old in [*(run_dir / "ranks").glob("rank-*.json"), run_dir / MONITOR_FILE]:
+        old.unlink(missing_ok=True)  # left by an earlier run in this folder
     atomic_write_json(run_dir / CONFIG_FILE, plan.cfg.to_dict())
     status = StatusFile(run_dir, run_dir=str(run_dir), nproc=plan.cfg.nproc, device=plan.device,
                         command=plan.command())
     print(f"[rankscope] run folder {run_dir}", file=out, flush=True)
     print(f"[rankscope] {plan.command()}", file=out, flush=True)
-    monitor = RunMonitor(run_dir, status, out)
+    monitor = RunMonitor(run_dir, status, out, world_size=plan.cfg.nproc or 1)
+    signals = LauncherSignals(monitor)
+    signals.install()
     monitor.start()
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -341,36 +396,35 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     from torch.distributed.run import parse_args
     from torch.distributed.run import run as torchrun
 
+    signals.exception_type = SignalException
     final: dict[str, Any] = {}
     code = EXIT_FAILED
-    signals_seen: list[str] = []
     try:
-        with _environment(plan.env):
+        if signals.seen:
+            raise SignalException("stop requested during start-up",
+                                  signal.Signals[signals.seen[0]])
+        signals.phase = "agent"
+        with _environment({**plan.env, "PET_SIGNALS_TO_HANDLE": "SIGQUIT"}):
             torchrun(parse_args(plan.torchrun_args))
         final = {"state": "completed"}
         code = EXIT_OK
     except ChildFailedError as e:
-        reason, details = _failure_reason(e.failures)
-        final = {"state": "failed", "reason": reason, "ranks": details}
-    except (SignalException, KeyboardInterrupt) as e:
-        sig = e.sigval.name if isinstance(e, SignalException) else "SIGINT"
-        signals_seen.append(sig)
-        final = {"state": "stopped", "stop_signal": sig}
+        root, _ = e.get_first_failure()  # the earliest failure: the likely root cause
+        reason, details = _failure_reason(e.failures, root)
+        final = {"state": "failed", "reason": reason, "ranks": details, "root_rank": root}
+    except SignalException as e:
+        final = {"state": "stopped", "stop_signal": e.sigval.name}
         code = EXIT_OK
     except Exception as e:  # rendezvous or agent failure
         final = {"state": "failed", "reason": f"launcher: {type(e).__name__}: {e}"}
     finally:
-        # torchrun's handlers are still installed; replace them so that a signal now cannot
-        # raise inside the clean-up. The sweep SIGTERMs and then SIGKILLs whatever is left.
-        def force(signum: int, _frame: FrameType | None) -> None:
-            signals_seen.append(signal.Signals(signum).name)  # the sweep below kills anyway
-
-        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(s, force)
+        signals.phase = "done"
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # torchrun's handler for it would raise
         monitor.request_stop()
         monitor.join()
-        monitor.poll_once()
+        monitor.poll_once(scan_processes=True)
         leftover = sweep(list(monitor.procs.values()))
+    signals_seen = signals.seen
 
     ranks = read_rank_files(run_dir)
     world = plan.cfg.nproc or len(ranks)
@@ -392,6 +446,11 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         elif _rank_error(run_dir):
             final = {"state": "failed", "reason": _rank_error(run_dir)}
             code = EXIT_FAILED
+        elif signalled and not states:
+            final = {"state": "stopped", "stop_signal": final["stop_signal"],
+                     "reason": f"stopped during start-up ({final['stop_signal']}), before any "
+                               "rank started training"}
+            code = EXIT_OK
         elif signalled:
             unclean = sorted(set(range(world)) - {r for r, s in states.items() if s == "stopped"})
             final.update(forced=True, reason=f"forced stop ({', '.join(signals_seen)}): ranks "
@@ -422,11 +481,9 @@ def _report_end(run_dir: Path, data: dict[str, Any], out: TextIO) -> None:
     if data.get("checkpoint"):
         print(f"[rankscope] checkpoint: {data['checkpoint']}", file=out, flush=True)
     if state == "failed":
-        logs = rank_log_files(run_dir)
-        failed = [int(r) for r in (data.get("ranks") or {})] or list(logs)
-        for rank in failed[:1]:
-            if rank in logs:
-                print(f"[rankscope] last lines of rank {rank}'s log ({logs[rank]}):", file=out)
-                for text in tail_lines(logs[rank], 15):
-                    print(f"    {text}", file=out)
+        rank, path, lines = failed_rank_log(run_dir, data, 15)
+        if path is not None:
+            print(f"[rankscope] last lines of rank {rank}'s log ({path}):", file=out)
+            for text in lines:
+                print(f"    {text}", file=out)
         out.flush()

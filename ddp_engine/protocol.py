@@ -62,7 +62,8 @@ class Connection:
 
     Args:
         run_dir: the run folder, whose monitor.json says where and with which token.
-        timeout_s: socket timeout for connecting and for each read.
+        timeout_s: socket timeout for connecting and for each blocking read.
+        token: a token to use instead of monitor.json's (tests).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], timeout_s: float = 10.0,
@@ -73,9 +74,13 @@ class Connection:
         except OSError as e:
             raise ProtocolError(f"cannot connect to the run's telemetry at {info['host']}:"
                                 f"{info['port']}: {e}") from None
-        self._file = self.sock.makefile("rb")
+        self._buf = bytearray()
+        self._lines: list[dict[str, Any]] = []
         self.send(hello(info["token"] if token is None else token))
-        welcome = self.receive()
+        try:
+            welcome = self.receive()
+        except TimeoutError:
+            welcome = None
         if welcome is None or welcome.get("type") != "welcome":
             self.close()
             raise ProtocolError("the server closed the connection instead of welcoming us "
@@ -85,24 +90,55 @@ class Connection:
     def send(self, message: dict[str, Any]) -> None:
         self.sock.sendall(encode(message))
 
-    def receive(self) -> dict[str, Any] | None:
-        """The next message, or None when the server closed the connection."""
-        while True:
-            try:
-                line = self._file.readline()
-            except (OSError, ValueError):
-                return None
-            if not line:
-                return None
-            msg = decode(line)
+    def _split(self) -> None:
+        while (nl := self._buf.find(b"\n")) >= 0:
+            msg = decode(bytes(self._buf[:nl]))
+            del self._buf[:nl + 1]
             if msg is not None:
-                return msg
+                self._lines.append(msg)
+
+    def _fill(self) -> bool:
+        """One recv (blocking up to the socket timeout). False when the server closed."""
+        try:
+            data = self.sock.recv(1 << 16)
+        except TimeoutError:
+            raise
+        except OSError:
+            return False
+        if not data:
+            return False
+        self._buf += data
+        self._split()
+        return True
+
+    def receive(self) -> dict[str, Any] | None:
+        """The next message; None when the server closed the connection.
+
+        Raises:
+            TimeoutError: nothing arrived within the socket timeout.
+        """
+        while not self._lines:
+            if not self._fill():
+                return None
+        return self._lines.pop(0)
+
+    def poll(self, timeout_s: float) -> list[dict[str, Any]] | None:
+        """Messages that arrive within ``timeout_s`` (maybe none); None once the server closed."""
+        if not self._lines:
+            previous = self.sock.gettimeout()
+            self.sock.settimeout(timeout_s)
+            try:
+                if not self._fill():
+                    return None
+            except TimeoutError:
+                pass
+            finally:
+                self.sock.settimeout(previous)
+        out, self._lines = self._lines, []
+        return out
 
     def close(self) -> None:
-        try:
-            self._file.close()
-        finally:
-            self.sock.close()
+        self.sock.close()
 
     def __enter__(self) -> Connection:
         return self

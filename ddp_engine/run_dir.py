@@ -112,6 +112,18 @@ def tail_lines(path: str | os.PathLike[str], n: int = 20, max_bytes: int = 64 * 
     return data.splitlines()[-n:]
 
 
+def failed_rank_log(run_dir: str | os.PathLike[str], status: dict[str, Any],
+                    n: int = 20) -> tuple[int | None, Path | None, list[str]]:
+    """The log to show for a failed run: the root-cause rank's (else the first failed rank's,
+    else rank 0's), as (rank, path, its last ``n`` lines)."""
+    logs = rank_log_files(run_dir)
+    failed = [int(r) for r in (status.get("ranks") or {})] or sorted(logs)
+    rank = status.get("root_rank", failed[0] if failed else None)
+    if rank not in logs:
+        return rank, None, []
+    return rank, logs[rank], tail_lines(logs[rank], n)
+
+
 def iter_metrics(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Every complete JSON line of metrics.jsonl (a partly written last line is skipped)."""
     path = Path(run_dir) / METRICS_FILE
@@ -134,9 +146,14 @@ def iter_metrics(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 class MetricsTail:
     """Follows metrics.jsonl as it grows: ``poll()`` returns the complete lines added since."""
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], from_end: bool = False) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         self._offset = 0
+        if from_end:  # follow only what is appended from now on
+            try:
+                self._offset = self.path.stat().st_size
+            except OSError:
+                pass
         self._partial = b""
 
     def poll(self) -> list[dict[str, Any]]:

@@ -8,13 +8,13 @@ A viewer whose buffer would exceed its bound is dropped (counted and logged).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import selectors
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,8 @@ class _Viewer:
         self.outbuf = bytearray()
         self.limit = 0
         self.authed = False
+        self.replaying = False  # still being sent the history (from `cursor`)
+        self.cursor = 0  # absolute index of the next history line to send while replaying
         self.dropped = False  # set by publish(); the server thread closes it
         self.discarding = False  # inside an oversized line
 
@@ -77,11 +79,14 @@ class Telemetry:
         self._welcome_extra = welcome_extra
         self._on_stop = on_stop
         self._buffer_bytes = buffer_bytes
-        self._history: deque[bytes] = deque(maxlen=history)
+        self._history: list[bytes] = []
+        self._history_max = history
+        self._history_base = 0  # absolute index of self._history[0]
         self._status: dict[str, Any] = {"state": "running", "step": 0, "epoch": 0}
         self._lock = threading.Lock()
         self._viewers: dict[int, _Viewer] = {}
         self.dropped_viewers = 0
+        self._warnings: list[str] = []  # published as "warning" events after the current message
         self.token = secrets.token_urlsafe(24)
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -107,19 +112,26 @@ class Telemetry:
     def publish(self, message: dict[str, Any]) -> dict[str, Any]:
         """Stamp ``message`` with "time", record it, and queue it for every viewer."""
         message = {"type": message["type"], "time": time.time(),
-                   **{k: v for k, v in message.items() if k != "type"}}
+                   **{k: _finite(v) for k, v in message.items() if k != "type"}}
         line = encode(message)
         self._writer.write_line(line)
         with self._lock:
             self._track_status(message)
             self._history.append(line)
+            if len(self._history) > 2 * self._history_max:  # amortized trim of the oldest
+                cut = len(self._history) - self._history_max
+                del self._history[:cut]
+                self._history_base += cut
             for fd, v in list(self._viewers.items()):
-                if v.authed and not v.dropped:
+                if v.authed and not v.dropped and not v.replaying:
                     if len(v.outbuf) + len(line) > v.limit:
                         self._drop(fd, v, "its send buffer is full (it stopped reading)")
                     else:
                         v.outbuf += line
+            warnings, self._warnings = self._warnings, []
         self._wake()
+        for text in warnings:
+            self.publish({"type": "event", "kind": "warning", "message": text})
         return message
 
     def _track_status(self, message: dict[str, Any]) -> None:
@@ -187,8 +199,24 @@ class Telemetry:
                 if v.dropped:
                     self._forget(fd, v)
                     continue
+                if v.replaying:
+                    self._feed_replay(v)
                 events = selectors.EVENT_READ | (selectors.EVENT_WRITE if v.outbuf else 0)
                 self._sel.modify(v.sock, events, fd)
+
+    def _feed_replay(self, v: _Viewer, chunk: int = 256 * 1024) -> None:
+        """Top up a replaying viewer's buffer from the history, a chunk at a time, so a late
+        viewer costs the training thread nothing; once caught up it gets live lines."""
+        if len(v.outbuf) >= chunk:
+            return
+        v.cursor = max(v.cursor, self._history_base)  # lines trimmed meanwhile are skipped
+        end = self._history_base + len(self._history)
+        while v.cursor < end and len(v.outbuf) < chunk:
+            v.outbuf += self._history[v.cursor - self._history_base]
+            v.cursor += 1
+        if v.cursor == end:
+            v.replaying = False
+            v.limit = len(v.outbuf) + self._buffer_bytes
 
     def _accept(self) -> None:
         try:
@@ -248,10 +276,10 @@ class Telemetry:
                 welcome = encode({"type": "welcome", "protocol": PROTOCOL_VERSION,
                                   **self._welcome_extra, "status": dict(self._status)})
                 v.outbuf += welcome
-                for old in self._history:
-                    v.outbuf += old
-                v.limit = len(v.outbuf) + self._buffer_bytes
                 v.authed = True
+                v.replaying = True
+                v.cursor = self._history_base
+                self._feed_replay(v)
             return True
         if msg is None:
             return True  # malformed: ignored
@@ -282,6 +310,8 @@ class Telemetry:
                 return
             del v.outbuf[:sent]
             v.limit = max(self._buffer_bytes, v.limit - sent)
+            if v.replaying:
+                self._feed_replay(v)
 
     def _drop(self, fd: int, v: _Viewer, why: str) -> None:
         """Called with the lock held, from any thread: the server thread closes the socket."""
@@ -290,7 +320,9 @@ class Telemetry:
         v.dropped = True
         v.outbuf.clear()
         self.dropped_viewers += 1
-        log.warning("dropped viewer %s: %s (%d dropped so far)", v.addr, why, self.dropped_viewers)
+        text = f"dropped viewer {v.addr}: {why} ({self.dropped_viewers} dropped so far)"
+        log.warning("%s", text)
+        self._warnings.append(text)
 
     def _forget(self, fd: int, v: _Viewer) -> None:
         """Called with the lock held."""
@@ -303,3 +335,14 @@ class Telemetry:
             v.sock.close()
         except OSError:
             pass
+
+
+def _finite(value: Any) -> Any:
+    """Non-finite floats (a diverged loss) become None: the protocol carries only finite JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,18 +61,24 @@ class Trainer:
         self.telemetry = telemetry  # rank 0 only
         self.pos = Position()
         self._last_eval_step = -1
+        # RANKSCOPE_SYNC_DEBUG=1: torch.cuda.set_sync_debug_mode("warn") around each step, so a
+        # host-device synchronization inside the step shows up as a warning in the rank's log.
+        self._sync_debug = (os.environ.get("RANKSCOPE_SYNC_DEBUG") == "1"
+                            and ctx.device.type == "cuda")
 
-        torch.manual_seed(cfg.seed + self.rank)
-        self.data: DataBundle = build_datasets(cfg)
+        self.data: DataBundle = self._build_data()
+        torch.manual_seed(cfg.seed)  # same initial weights everywhere (DDP broadcasts rank 0's)
         model = build_model(cfg, self.data.info).to(self.device)
-        torch.manual_seed(cfg.seed)  # identical initial weights are broadcast by DDP anyway
         on_cuda = self.device.type == "cuda"
         self.model = DDP(model, device_ids=[self.device.index] if on_cuda else None,
                          find_unused_parameters=cfg.find_unused_parameters)
+        torch.manual_seed(cfg.seed + self.rank)  # each rank its own dropout, augmentation, ...
         self.timer = StepTimer(self.device) if cfg.telemetry else None
         if self.timer is not None:
             self.model.register_comm_hook(None, self.timer.hook)
-        self.device_sampler = (DeviceSampler(self.device.type, ctx.info.local_rank)
+        gpu_uuid = (f"GPU-{torch.cuda.get_device_properties(self.device).uuid}"
+                    if on_cuda and cfg.telemetry else None)
+        self.device_sampler = (DeviceSampler(self.device.type, ctx.info.local_rank, gpu_uuid)
                                if cfg.telemetry else None)
         self.optimizer = self._make_optimizer()
         self.loss_fn = build_loss(cfg.loss)
@@ -101,6 +109,18 @@ class Trainer:
             self._resume(cfg.resume)
 
     # ------------------------------------------------------------------------------ set-up
+    def _build_data(self) -> DataBundle:
+        """Build the datasets; when they are downloaded, local rank 0 alone downloads first."""
+        if not self.cfg.dataset_args.get("download"):
+            return build_datasets(self.cfg)
+        first = self.ctx.info.local_rank == 0
+        data = build_datasets(self.cfg) if first else None
+        dist.barrier(group=self.ctx.side_group)
+        if data is None:
+            data = build_datasets(dataclasses.replace(
+                self.cfg, dataset_args={**self.cfg.dataset_args, "download": False}))
+        return data
+
     def _make_optimizer(self) -> torch.optim.Optimizer:
         params = self.model.parameters()
         cfg = self.cfg
@@ -112,7 +132,9 @@ class Trainer:
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def _resume(self, path: str) -> None:
-        state = checkpoint.load(path, map_location=self.device)
+        # On the CPU: load_state_dict moves tensors to the parameters' devices, and RNG states
+        # must stay CPU byte tensors.
+        state = checkpoint.load(path, map_location="cpu")
         self.model.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
@@ -151,7 +173,11 @@ class Trainer:
             self._emit_event("epoch_start", epoch=self.pos.epoch)
             batches = iter(self.loader)
             while self.pos.step_in_epoch < self.steps_per_epoch:
+                if self._sync_debug:  # report any host-device sync inside the step
+                    torch.cuda.set_sync_debug_mode("warn")
                 loss = self._train_step(batches)
+                if self._sync_debug:
+                    torch.cuda.set_sync_debug_mode("default")
                 self.pos.step += 1
                 self.pos.step_in_epoch += 1
                 interval.add(loss, cfg.batch_size * cfg.grad_accum)

@@ -5,6 +5,10 @@ init_process_group -> Trainer -> destroy_process_group, the last on every exit p
 
 from __future__ import annotations
 
+from ddp_engine.lifeline import arm_parent_death
+
+arm_parent_death()  # first, before the slow imports: a launcher that dies now takes us along
+
 import argparse
 import logging
 import os
@@ -21,7 +25,6 @@ from ddp_engine.distributed import (
     DistContext,
     StopFlag,
     init_distributed,
-    set_parent_death_signal,
     teardown,
 )
 from ddp_engine.run_dir import atomic_write_json, new_run_dir, prepare_run_dir, rank_file
@@ -58,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     cfg = RunConfig.from_dict(load_config_file(args.config), source=f"config {args.config}")
-    set_parent_death_signal()
     stop = StopFlag(cfg.stop_check_every)
-    stop.install_signal_handlers()  # before init: a stop during start-up is kept, not lost
+    # Before init: a stop during start-up is kept, not lost.
+    stop.install_signal_handlers(orphan_grace_s=cfg.shutdown_timeout_s)
 
     ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
     run_dir: Path | None = None

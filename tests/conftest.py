@@ -24,11 +24,12 @@ def engine_env() -> dict[str, str]:
     return env
 
 
-def run_engine(*args: str, timeout: float = 240, cwd: Path | None = None
-               ) -> subprocess.CompletedProcess[str]:
-    """``python -m ddp_engine ARGS`` to the end; output captured."""
+def run_engine(*args: str, timeout: float = 240, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m ddp_engine ARGS`` to the end; output captured. ``env`` adds variables."""
     return subprocess.run([sys.executable, "-m", "ddp_engine", *args], capture_output=True,
-                          text=True, timeout=timeout, env=engine_env(), cwd=cwd or REPO)
+                          text=True, timeout=timeout, env={**engine_env(), **(env or {})},
+                          cwd=cwd or REPO)
 
 
 def start_engine(*args: str, log: Path) -> subprocess.Popen[bytes]:

@@ -46,9 +46,11 @@ from tests.conftest import REPO
     ({"gpus": [0], "device": "cpu"}, r"gpus: 0 given with device 'cpu'"),
     ({"model": "gpt-tiny"}, r"gpt-tiny .* needs dataset text:PATH, got dataset 'synthetic'"),
     ({"name": "my run"}, r"name: 'my run' is not allowed"),
-    ({"batch_size": "32"}, r"batch_size must be int, got '32'"),
-    ({"find_unused_parameters": 1}, r"find_unused_parameters must be bool, got 1"),
-    ({"batch_size": True}, r"batch_size must be int, got True"),
+    ({"batch_size": "32"}, r"batch_size must be an integer, got '32'"),
+    ({"find_unused_parameters": 1}, r"find_unused_parameters must be true or false, got 1"),
+    ({"batch_size": True}, r"batch_size must be an integer, got True"),
+    ({"lr": "fast"}, r"lr must be a number, got 'fast'"),
+    ({"max_steps": 2.5}, r"max_steps must be an integer or unset, got 2.5"),
 ])
 def test_bad_values_name_field_value_and_what_is_allowed(changes: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ddp_engine.devices import gpu_count
-from ddp_engine.run_dir import iter_metrics, read_rank_files, read_status
+from ddp_engine.run_dir import iter_metrics, rank_log_files, read_rank_files, read_status
 from tests.conftest import cuda, run_engine
 
 pytestmark = [cuda, pytest.mark.slow]
@@ -39,3 +39,25 @@ def test_gpus_flag_picks_the_gpu_and_bf16_trains(tmp_path: Path) -> None:
                       "--model", "convnet", "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert read_status(run_dir)["state"] == "completed"
+
+
+def test_no_host_device_sync_inside_the_step(tmp_path: Path) -> None:
+    """torch.cuda.set_sync_debug_mode("warn") around every training step stays silent."""
+    run_dir = tmp_path / "run"
+    proc = run_engine("launch", "--device", "cuda", "--nproc", "1", "--max-steps", "60",
+                      "--model", "convnet", "--run-dir", str(run_dir),
+                      env={"RANKSCOPE_SYNC_DEBUG": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = rank_log_files(run_dir)[0].read_text()
+    assert "synchroniz" not in log, log[-3000:]
+
+
+def test_gpu_telemetry_fields_are_filled(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_engine("launch", "--device", "cuda", "--nproc", "1", "--max-steps", "200",
+                      "--log-every", "20", "--model", "convnet", "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = [m for m in iter_metrics(run_dir) if m["type"] == "metrics"][-1]["ranks"][0]
+    assert last["device"] == "cuda:0"
+    assert last["gpu_mem_total_bytes"] > 0 and last["gpu_mem_used_bytes"] > 0
+    assert last["gpu_util_pct"] is not None and last["forward_s"] > 0 and last["backward_s"] > 0

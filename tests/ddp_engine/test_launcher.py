@@ -202,6 +202,38 @@ def test_a_rank_killed_by_a_signal_is_named(tmp_path: Path) -> None:
     assert_no_process_left(run_dir)
 
 
+def test_ranks_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
+    """SIGKILL to the launcher: the parent-death signal makes the ranks agree to stop."""
+    run_dir = tmp_path / "run"
+    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
+                        str(run_dir), log=tmp_path / "out.log")
+    try:
+        wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "training to report")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        wait_for(lambda: not processes_mentioning(str(run_dir)), 60, "the ranks to exit")
+    finally:
+        proc.kill()
+    ranks = read_rank_files(run_dir)
+    assert {d["state"] for d in ranks.values()} == {"stopped"}, ranks
+    assert "the launcher died" in events(run_dir, "stopping")[0]["reason"]
+
+
+def test_stop_during_start_up_leaves_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
+                        str(run_dir), log=tmp_path / "out.log")
+    try:
+        wait_for(lambda: (read_status(run_dir) or {}).get("state") == "starting", 60,
+                 "the launcher to write status.json")
+        proc.send_signal(signal.SIGTERM)  # before any rank reported in
+        assert proc.wait(timeout=90) in (0, 130), (tmp_path / "out.log").read_text()
+    finally:
+        proc.kill()
+    assert read_status(run_dir)["state"] == "stopped"
+    assert_no_process_left(run_dir)
+
+
 def test_worker_runs_under_plain_torchrun(tmp_path: Path) -> None:
     """The cluster path: torchrun -m ddp_engine.worker --config run.toml, no launcher."""
     cfg = tmp_path / "run.toml"

@@ -112,6 +112,8 @@ def test_a_viewer_that_never_reads_is_dropped_and_never_blocks(tmp_path: Path) -
     wait_for(lambda: server.dropped_viewers == 1, 10, "the stuck viewer to be dropped")
     wait_for(lambda: got and got[-1] == 20000, 30, "the reading viewer to get everything")
     assert got == list(range(1, 20001))  # the reader kept up and lost nothing
+    warnings = [m for m in iter_metrics(tmp_path) if m.get("kind") == "warning"]
+    assert len(warnings) == 1 and "dropped viewer" in warnings[0]["message"]
     stuck.close()
     reader.close()
     server.close()

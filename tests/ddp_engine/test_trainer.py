@@ -12,6 +12,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from ddp_engine.config import RunConfig
 from ddp_engine.distributed import StopFlag, init_distributed, teardown
 from ddp_engine.run_dir import iter_metrics
+from ddp_engine.telemetry import Telemetry
 from ddp_engine.trainer import Trainer
 
 
@@ -35,7 +36,10 @@ def _trainer(ctx, tmp_path: Path, **overrides) -> Trainer:
     folder = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
     folder.mkdir()
     (folder / "checkpoints").mkdir()
-    return Trainer(RunConfig(**base), ctx, folder, StopFlag(5, ctx.side_group))
+    stop = StopFlag(5, ctx.side_group)
+    telemetry = Telemetry(folder, welcome_extra={}, on_stop=lambda: stop.request("test"),
+                          port=None)  # metrics.jsonl only
+    return Trainer(RunConfig(**base), ctx, folder, stop, telemetry)
 
 
 def _one_step(trainer: Trainer) -> None:
@@ -53,9 +57,22 @@ def test_gradient_accumulation_equals_the_larger_batch(ctx, tmp_path: Path) -> N
 
 
 def test_no_sync_skips_the_allreduce_on_non_final_micro_steps(ctx, tmp_path: Path) -> None:
-    calls = {}
+    """The comm hook (the engine's own timing hook) sees the buckets once per optimizer step,
+    however many micro-steps are accumulated."""
+    buckets = {}
     for accum in (1, 4):
         trainer = _trainer(ctx, tmp_path, batch_size=4, grad_accum=accum)
+        assert trainer.timer is not None
+        _one_step(trainer)
+        buckets[accum] = trainer.timer.collect()["sync_buckets"]
+    assert buckets[1] >= 1 and buckets[4] == buckets[1]
+
+
+def test_a_replacement_hook_counts_the_same(ctx, tmp_path: Path) -> None:
+    """Cross-check with a plain counting hook wrapping the stock all-reduce (telemetry off)."""
+    calls = {}
+    for accum in (1, 4):
+        trainer = _trainer(ctx, tmp_path, batch_size=4, grad_accum=accum, telemetry=False)
         count = [0]
 
         def counting_hook(state, bucket, count=count):

@@ -1,0 +1,50 @@
+"""One plot with named curves, drawn the fast way (pen width 1, peak downsampling, clipping)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def color(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+class Chart(pg.PlotWidget):
+    """A plot whose curves are created once by name and then only fed new arrays."""
+
+    def __init__(self, title: str, y_label: str, x_label: str = "step") -> None:
+        super().__init__()
+        self.setBackground("w")
+        self.setTitle(title, color="#333", size="10pt")
+        self.setLabel("left", y_label)
+        self.setLabel("bottom", x_label)
+        self.showGrid(x=True, y=True, alpha=0.2)
+        self.legend = self.addLegend(offset=(-10, 10))
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self.setClipToView(True)
+
+    def curve(self, name: str, color_hex: str, dashed: bool = False) -> pg.PlotDataItem:
+        if name not in self.curves:
+            pen = pg.mkPen(color_hex, width=1,
+                           style=Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine)
+            item = self.plot([], [], name=name, pen=pen)
+            item.setDownsampling(auto=True, method="peak")
+            item.setClipToView(True)
+            self.curves[name] = item
+        return self.curves[name]
+
+    def set_data(self, name: str, x: np.ndarray, y: np.ndarray, color_hex: str,
+                 dashed: bool = False) -> None:
+        self.curve(name, color_hex, dashed).setData(x, y, connect="finite")
+
+    def points(self, name: str) -> int:
+        """How many points curve ``name`` holds (tests use it to see data arrived)."""
+        item = self.curves.get(name)
+        if item is None or item.xData is None:
+            return 0
+        return len(item.xData)

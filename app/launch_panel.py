@@ -1,0 +1,325 @@
+"""The launch form: RunConfig <-> widgets, validated inline by the engine's own RunConfig."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.devices import DevicePicker
+from ddp_engine.config import (
+    BUILTIN_DATASETS,
+    BUILTIN_LOSSES,
+    BUILTIN_MODELS,
+    OPTIMIZERS,
+    PRECISIONS,
+    ConfigError,
+    RunConfig,
+    check_environment,
+    load_config_file,
+)
+from ddp_engine.devices import GpuInfo
+
+CUSTOM = "Custom..."
+DATASET_CHOICES = [*BUILTIN_DATASETS, "text file...", "image folder...", CUSTOM]
+ERROR_STYLE = "border: 1px solid #d62728; background: #fff0f0;"
+DEFAULT_MAX_STEPS = 200
+
+
+class SpecField(QWidget):
+    """A combo of built-in names plus choices that need a path or FILE.py:FUNC."""
+
+    changed = Signal()
+
+    def __init__(self, name: str, choices: list[str], path_choices: dict[str, str]) -> None:
+        super().__init__()
+        self.setObjectName(name)
+        self.path_choices = path_choices  # choice -> prefix ("text:", "" for plugins)
+        self.combo = QComboBox()
+        self.combo.setObjectName(f"{name}_combo")
+        self.combo.addItems(choices)
+        self.path = QLineEdit()
+        self.path.setObjectName(f"{name}_path")
+        self.browse = QPushButton("...")
+        self.browse.setFixedWidth(30)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.combo, 1)
+        layout.addWidget(self.path, 2)
+        layout.addWidget(self.browse)
+        self.combo.currentTextChanged.connect(self._update)
+        self.path.textChanged.connect(lambda _t: self.changed.emit())
+        self.browse.clicked.connect(self._pick)
+        self._update()
+
+    def _update(self) -> None:
+        choice = self.combo.currentText()
+        needs_path = choice in self.path_choices
+        self.path.setVisible(needs_path)
+        self.browse.setVisible(needs_path)
+        self.path.setPlaceholderText("FILE.py:FUNC or package.module:FUNC" if choice == CUSTOM
+                                     else "path")
+        self.changed.emit()
+
+    def _pick(self) -> None:
+        choice = self.combo.currentText()
+        if choice == "image folder...":
+            path = QFileDialog.getExistingDirectory(self, "Image folder")
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, "Choose a file")
+        if path:
+            self.path.setText(f"{path}:build" if choice == CUSTOM and path.endswith(".py")
+                              else path)
+
+    def value(self) -> str:
+        choice = self.combo.currentText()
+        if choice in self.path_choices:
+            return self.path_choices[choice] + self.path.text().strip()
+        return choice
+
+    def set_value(self, spec: str) -> None:
+        if self.combo.findText(spec) >= 0 and spec not in self.path_choices:
+            self.combo.setCurrentText(spec)
+            return
+        for choice, prefix in self.path_choices.items():
+            if prefix and spec.startswith(prefix):
+                self.combo.setCurrentText(choice)
+                self.path.setText(spec[len(prefix):])
+                return
+        self.combo.setCurrentText(CUSTOM)
+        self.path.setText(spec)
+
+
+class LaunchPanel(QWidget):
+    """The form. ``validity_changed(bool)`` tells the window whether Start may be enabled."""
+
+    validity_changed = Signal(bool)
+
+    def __init__(self, runs_dir: str = "runs", gpus: list[GpuInfo] | None = None) -> None:
+        super().__init__()
+        self.fields: dict[str, QWidget] = {}
+        self._extra: dict[str, Any] = {}  # model_args / dataset_args from a preset
+        self.model = SpecField("model", [*BUILTIN_MODELS, CUSTOM], {CUSTOM: ""})
+        self.dataset = SpecField("dataset", DATASET_CHOICES,
+                                 {"text file...": "text:", "image folder...": "imagefolder:",
+                                  CUSTOM: ""})
+        self.loss = SpecField("loss", [*BUILTIN_LOSSES, CUSTOM], {CUSTOM: ""})
+        self.max_steps = self._spin("max_steps", 0, 10**9, DEFAULT_MAX_STEPS, "0: no limit")
+        self.epochs = self._spin("epochs", 0, 10**6, 0, "0: no limit (1 if max steps is 0)")
+        self.batch_size = self._spin("batch_size", 0, 10**6, 32)
+        self.lr = QLineEdit("0.001")
+        self.optimizer = QComboBox()
+        self.optimizer.addItems(OPTIMIZERS)
+        self.optimizer.setCurrentText("adamw")
+        self.precision = QComboBox()
+        self.precision.addItems(PRECISIONS)
+        self.grad_accum = self._spin("grad_accum", 0, 4096, 1)
+        self.checkpoint_every = self._spin("checkpoint_every", 0, 10**9, 0, "0: at stop and end")
+        self.seed = self._spin("seed", 0, 2**31 - 1, 0)
+        self.name = QLineEdit()
+        self.name.setPlaceholderText("automatic: <model>-<dataset>")
+        self.runs_dir = QLineEdit(runs_dir)
+        self.devices = DevicePicker(gpus)
+        for key, widget in (("model", self.model), ("dataset", self.dataset),
+                            ("loss", self.loss), ("lr", self.lr), ("optimizer", self.optimizer),
+                            ("precision", self.precision), ("name", self.name),
+                            ("runs_dir", self.runs_dir), ("nproc", self.devices.count),
+                            ("gpus", self.devices.table), ("device", self.devices)):
+            widget.setObjectName(key)
+            self.fields[key] = widget
+
+        form = QFormLayout()
+        form.addRow("Model", self.model)
+        form.addRow("Dataset", self.dataset)
+        form.addRow("Loss", self.loss)
+        form.addRow("Max steps", self.max_steps)
+        form.addRow("Epochs", self.epochs)
+        form.addRow("Batch size / device", self.batch_size)
+        form.addRow("Learning rate", self.lr)
+        form.addRow("Optimizer", self.optimizer)
+        form.addRow("Precision", self.precision)
+        form.addRow("Grad. accumulation", self.grad_accum)
+        form.addRow("Checkpoint every", self.checkpoint_every)
+        form.addRow("Seed", self.seed)
+        form.addRow("Run name", self.name)
+        form.addRow("Runs folder", self.runs_dir)
+        training = QGroupBox("Training")
+        training.setLayout(form)
+        devices = QGroupBox("Devices")
+        dl = QVBoxLayout(devices)
+        dl.addWidget(self.devices)
+        self.error = QLabel("")
+        self.error.setObjectName("error")
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet("color: #d62728;")
+        self.save_preset = QPushButton("Save preset...")
+        self.load_preset = QPushButton("Load preset...")
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.load_preset)
+        buttons.addWidget(self.save_preset)
+        layout = QVBoxLayout(self)
+        layout.addWidget(training)
+        layout.addWidget(devices)
+        layout.addWidget(self.error)
+        layout.addLayout(buttons)
+        layout.addStretch(1)
+        self.save_preset.clicked.connect(self._save_preset_dialog)
+        self.load_preset.clicked.connect(self._load_preset_dialog)
+
+        for w in (self.model, self.dataset, self.loss, self.devices):
+            w.changed.connect(self.validate)
+        for line in (self.lr, self.name, self.runs_dir):
+            line.textChanged.connect(self.validate)
+        for combo in (self.optimizer, self.precision):
+            combo.currentTextChanged.connect(self.validate)
+        self.valid = False
+        self.last_error: str | None = None
+        self.validate()
+
+    def _spin(self, key: str, lo: int, hi: int, value: int, tip: str = "") -> QSpinBox:
+        spin = QSpinBox()
+        spin.setObjectName(key)
+        spin.setRange(lo, hi)
+        spin.setValue(value)
+        if tip:
+            spin.setToolTip(tip)
+        spin.valueChanged.connect(lambda _v: self.validate())
+        self.fields[key] = spin
+        return spin
+
+    # ------------------------------------------------------------------------- form <-> dict
+    def values(self) -> dict[str, Any]:
+        """The form as RunConfig keys (values may be invalid: see :meth:`config`)."""
+        lr_text = self.lr.text().strip()
+        try:
+            lr: Any = float(lr_text)
+        except ValueError:
+            lr = lr_text
+        out: dict[str, Any] = {
+            "model": self.model.value(), "dataset": self.dataset.value(),
+            "loss": self.loss.value(), "max_steps": self.max_steps.value() or None,
+            "epochs": self.epochs.value() or None, "batch_size": self.batch_size.value(),
+            "lr": lr, "optimizer": self.optimizer.currentText(),
+            "precision": self.precision.currentText(), "grad_accum": self.grad_accum.value(),
+            "checkpoint_every": self.checkpoint_every.value(), "seed": self.seed.value(),
+            "name": self.name.text().strip() or None, "runs_dir": self.runs_dir.text().strip(),
+        }
+        out.update(self.devices.config_values())
+        return out
+
+    def set_config(self, cfg: RunConfig) -> None:
+        """Fill the form from a config (a preset, or the last settings)."""
+        self.model.set_value(cfg.model)
+        self.dataset.set_value(cfg.dataset)
+        self.loss.set_value(cfg.loss)
+        self.max_steps.setValue(cfg.max_steps or 0)
+        self.epochs.setValue(cfg.epochs or 0)
+        self.batch_size.setValue(cfg.batch_size)
+        self.lr.setText(repr(cfg.lr))
+        self.optimizer.setCurrentText(cfg.optimizer)
+        self.precision.setCurrentText(cfg.precision)
+        self.grad_accum.setValue(cfg.grad_accum)
+        self.checkpoint_every.setValue(cfg.checkpoint_every)
+        self.seed.setValue(cfg.seed)
+        self.name.setText(cfg.name or "")
+        self.runs_dir.setText(cfg.runs_dir)
+        self._extra = {k: getattr(cfg, k) for k in ("model_args", "dataset_args")}
+        if self.devices.has_gpus:
+            self.devices.set_gpus(cfg.gpus)
+        elif cfg.nproc:
+            self.devices.count.setValue(min(cfg.nproc, self.devices.count.maximum()))
+        self.validate()
+
+    def config(self) -> RunConfig:
+        """The validated config.
+
+        Raises:
+            ConfigError: the first problem, naming the field.
+        """
+        data = {**self.values(), **self._extra}
+        cfg = RunConfig.from_dict(data, source="form")
+        check_environment(cfg, gpu_count=len(self.devices.gpus), cpu_count=self.devices.cpus)
+        if cfg.device == "cuda" and not cfg.gpus:
+            raise ConfigError("gpus: choose at least one GPU")
+        return cfg
+
+    # ------------------------------------------------------------------------- validation
+    def validate(self) -> bool:
+        for w in self.fields.values():
+            w.setStyleSheet("")
+            w.setToolTip("")
+        try:
+            self.config()
+        except ConfigError as e:
+            message = str(e)
+            key = _field_of(message, self.fields)
+            if key is not None:
+                self.fields[key].setStyleSheet(ERROR_STYLE)
+                self.fields[key].setToolTip(message)
+            self.error.setText(message)
+            self.last_error = message
+            self._set_valid(False)
+            return False
+        self.error.setText("")
+        self.last_error = None
+        self._set_valid(True)
+        return True
+
+    def _set_valid(self, valid: bool) -> None:
+        if valid != self.valid:
+            self.valid = valid
+        self.validity_changed.emit(valid)
+
+    # ------------------------------------------------------------------------- presets
+    def save_preset_to(self, path: str | Path) -> None:
+        Path(path).write_text(self.config().to_toml(), encoding="utf-8")
+
+    def load_preset_from(self, path: str | Path) -> None:
+        self.set_config(RunConfig.from_dict(load_config_file(path), source=f"preset {path}"))
+
+    def _save_preset_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save preset", "run.toml", "TOML (*.toml)")
+        if path:
+            try:
+                self.save_preset_to(path)
+            except ConfigError as e:
+                self.error.setText(f"not saved: {e}")
+
+    def _load_preset_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load preset", "", "TOML (*.toml)")
+        if path:
+            try:
+                self.load_preset_from(path)
+            except ConfigError as e:
+                self.error.setText(str(e))
+
+
+def _field_of(message: str, fields: dict[str, QWidget]) -> str | None:
+    """The field a ConfigError message is about: messages start with the field's name."""
+    m = re.match(r"^([a-z_]+)", message)
+    if not m:
+        return None
+    key = m.group(1)
+    if key in fields:
+        return key
+    if key in ("model_args",):
+        return "model"
+    if key in ("dataset_args",):
+        return "dataset"
+    return None
+

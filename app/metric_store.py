@@ -1,0 +1,193 @@
+"""Where telemetry lands before it is drawn: bounded series per rank (no Qt, no torch).
+
+Arrival is not drawing: the telemetry thread's messages are added here as they come; charts
+read the arrays on a redraw timer. Each series keeps at most ``capacity`` points: when full it
+keeps every other point (the whole run stays visible at half the resolution), so memory is
+bounded however long the run is.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+RANK_FIELDS: tuple[str, ...] = (
+    "loss", "step_time_s", "samples_per_s", "data_wait_s", "forward_s", "backward_s",
+    "optimizer_s", "sync_time_s", "sync_exposed_s", "sync_bytes", "gpu_util_pct",
+    "gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_temp_c", "gpu_power_w", "cpu_pct",
+    "rss_bytes")
+
+
+class Series:
+    """x/y float arrays that grow, and halve their resolution when full."""
+
+    def __init__(self, capacity: int = 20_000) -> None:
+        self.capacity = capacity
+        self._x = np.empty(capacity, dtype=np.float64)
+        self._y = np.empty(capacity, dtype=np.float64)
+        self._n = 0
+        self._stride = 1  # keep one point in every `stride` appended
+        self._skipped = 0
+
+    def append(self, x: float, y: float | None) -> None:
+        if self._skipped + 1 < self._stride:
+            self._skipped += 1
+            return
+        self._skipped = 0
+        if self._n == self.capacity:
+            half = self._n // 2
+            self._x[:half] = self._x[1:self._n:2][:half]
+            self._y[:half] = self._y[1:self._n:2][:half]
+            self._n = half
+            self._stride *= 2
+        self._x[self._n] = x
+        self._y[self._n] = np.nan if y is None else y
+        self._n += 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def x(self) -> np.ndarray:
+        return self._x[:self._n]
+
+    @property
+    def y(self) -> np.ndarray:
+        return self._y[:self._n]
+
+    def last(self) -> float | None:
+        return float(self._y[self._n - 1]) if self._n else None
+
+
+@dataclass
+class RunInfo:
+    world_size: int = 0
+    total_steps: int | None = None
+    steps_per_epoch: int | None = None
+    step: int = 0
+    epoch: int = 0
+    state: str = "idle"
+    devices: dict[int, str] = field(default_factory=dict)
+    last_metrics_time: float | None = None
+    interval_s: list[float] = field(default_factory=list)
+    start_time: float | None = None
+    start_step: int = 0
+
+
+class MetricStore:
+    """Every rank's series, validation loss, and what the progress line needs."""
+
+    def __init__(self, capacity: int = 20_000) -> None:
+        self.capacity = capacity
+        self.clear()
+
+    def clear(self) -> None:
+        self.series: dict[tuple[int, str], Series] = {}
+        self.val_loss = Series(self.capacity)
+        self.total_samples_per_s = Series(self.capacity)
+        self.info = RunInfo()
+        self.events: list[dict[str, Any]] = []
+        self.version = 0  # bumped on every change: charts redraw only when it moved
+
+    def get(self, rank: int, name: str) -> Series:
+        key = (rank, name)
+        if key not in self.series:
+            self.series[key] = Series(self.capacity)
+        return self.series[key]
+
+    def ranks(self) -> list[int]:
+        return sorted({r for r, _ in self.series})
+
+    def add_many(self, messages: Iterable[dict[str, Any]]) -> None:
+        for m in messages:
+            self.add(m)
+
+    def add(self, message: dict[str, Any]) -> None:
+        """Take one protocol message (metrics, event or welcome)."""
+        kind = message.get("type")
+        if kind == "welcome":
+            self.info.world_size = int(message.get("world_size") or 0)
+            status = message.get("status") or {}
+            self.info.total_steps = status.get("total_steps")
+        elif kind == "metrics":
+            self._metrics(message)
+        elif kind == "event":
+            self._event(message)
+        else:
+            return
+        self.version += 1
+
+    def _metrics(self, m: dict[str, Any]) -> None:
+        step = float(m.get("step", 0))
+        info = self.info
+        now = float(m.get("time") or time.time())
+        if info.last_metrics_time is not None:
+            info.interval_s = (info.interval_s + [now - info.last_metrics_time])[-20:]
+        info.last_metrics_time = now
+        info.step = int(step)
+        info.epoch = int(m.get("epoch", info.epoch))
+        info.total_steps = m.get("total_steps", info.total_steps)
+        total = 0.0
+        for r in m.get("ranks", []):
+            rank = int(r["rank"])
+            info.devices[rank] = str(r.get("device", ""))
+            for name in RANK_FIELDS:
+                if name in r:
+                    self.get(rank, name).append(step, r[name])
+            total += r.get("samples_per_s") or 0.0
+        self.total_samples_per_s.append(step, total)
+        info.world_size = max(info.world_size, len(m.get("ranks", [])))
+
+    def _event(self, e: dict[str, Any]) -> None:
+        kind = e.get("kind")
+        self.events.append(e)
+        if kind == "run_start":
+            self.info.total_steps = e.get("total_steps")
+            self.info.steps_per_epoch = e.get("steps_per_epoch")
+            self.info.world_size = int(e.get("world_size") or self.info.world_size)
+            self.info.start_time = e.get("time")
+            self.info.start_step = int(e.get("start_step") or 0)
+        elif kind == "eval" and e.get("val_loss") is not None:
+            self.val_loss.append(float(e.get("step", 0)), e["val_loss"])
+        elif kind in ("stopping", "stopped", "completed", "failed"):
+            self.info.state = kind
+
+    # ------------------------------------------------------------------------- derived
+    def eta_s(self) -> float | None:
+        """Seconds left at the recent pace (None until two reports arrived)."""
+        info = self.info
+        if not info.total_steps or info.start_time is None or info.last_metrics_time is None:
+            return None
+        done = info.step - info.start_step
+        elapsed = info.last_metrics_time - info.start_time
+        if done <= 0 or elapsed <= 0:
+            return None
+        return (info.total_steps - info.step) * elapsed / done
+
+    def stragglers(self, threshold: float = 0.2) -> dict[int, float]:
+        """Ranks whose last step time is more than ``threshold`` above the median: rank -> excess
+        (0.35 means 35% slower)."""
+        last = {r: self.get(r, "step_time_s").last() for r in self.ranks()}
+        values = {r: v for r, v in last.items() if v is not None and np.isfinite(v)}
+        if len(values) < 2:
+            return {}
+        med = statistics.median(values.values())
+        if med <= 0:
+            return {}
+        return {r: v / med - 1 for r, v in values.items() if v > med * (1 + threshold)}
+
+    def stall_s(self, now: float | None = None, factor: float = 5.0,
+                minimum_s: float = 10.0) -> float | None:
+        """Seconds since the last report when that is over ``factor`` typical intervals (and
+        ``minimum_s``): the run looks hung. None while it is progressing."""
+        info = self.info
+        if info.last_metrics_time is None or info.state in ("stopped", "completed", "failed"):
+            return None
+        since = (now if now is not None else time.time()) - info.last_metrics_time
+        typical = statistics.median(info.interval_s) if info.interval_s else minimum_s
+        return since if since > max(minimum_s, factor * typical) else None

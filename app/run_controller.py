@@ -1,0 +1,190 @@
+"""A run's life in the app: idle -> starting -> running -> stopping -> completed/stopped/failed.
+
+The controller owns the launcher child, the telemetry viewer and the stop escalation:
+
+1. Stop sends ``{"type": "stop"}`` over the telemetry socket (the agreed stop).
+2. If the run has not ended ``grace_s`` later (or there was no socket), SIGTERM to the
+   launcher's process group (torchrun forwards it to the ranks).
+3. ``kill_after_s`` after that, SIGKILL to the group and to every process of the run seen.
+
+When the launcher has exited, the controller reads the final status.json and checks with psutil
+that no process of the run is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.launcher_process import LauncherProcess, build_env
+from app.telemetry_client import TelemetryClient
+from ddp_engine.config import RunConfig
+from ddp_engine.run_dir import (
+    FINAL_STATES,
+    atomic_write_text,
+    failed_rank_log,
+    new_run_dir,
+    read_status,
+    tail_lines,
+)
+
+ACTIVE_STATES = ("starting", "running", "stopping")
+
+
+class RunController(QObject):
+    """Starts, watches and stops one run at a time."""
+
+    state_changed = Signal(str)
+    welcomed = Signal(object)
+    messages = Signal(object)  # list of protocol messages
+    finished = Signal(object)  # final status dict (with "leftover_pids" and "log_tail")
+    notice = Signal(str)  # a line for the status bar
+
+    def __init__(self, parent: QObject | None = None, grace_s: float = 30.0,
+                 kill_after_s: float = 10.0, poll_ms: int = 200) -> None:
+        super().__init__(parent)
+        self.grace_s = grace_s
+        self.kill_after_s = kill_after_s
+        self.state = "idle"
+        self.run_dir: Path | None = None
+        self.launcher: LauncherProcess | None = None
+        self.client: TelemetryClient | None = None
+        self._stop_phase = 0
+        self._stop_started = 0.0
+        self._last_tree_scan = 0.0
+        self._timer = QTimer(self)
+        self._timer.setInterval(poll_ms)
+        self._timer.timeout.connect(self.poll_once)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.state_changed.emit(state)
+
+    # ------------------------------------------------------------------------------ start
+    def start(self, cfg: RunConfig) -> Path:
+        """Create the run folder, write the config and start the launcher. Returns the folder."""
+        if self.active:
+            raise RuntimeError("a run is already active")
+        run_dir = (Path(cfg.run_dir) if cfg.run_dir
+                   else new_run_dir(cfg.runs_dir, cfg.default_name())).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg = dataclasses.replace(cfg, run_dir=str(run_dir), dry_run=False)
+        config_path = run_dir / "launch.toml"
+        atomic_write_text(config_path, cfg.to_toml())
+        self.run_dir = run_dir
+        self.launcher = LauncherProcess(config_path, run_dir / "launcher.log", build_env())
+        self._stop_phase = 0
+        self._set_state("starting")
+        pid = self.launcher.start()
+        self.notice.emit(f"launcher started (pid {pid}), run folder {run_dir}")
+        self.client = TelemetryClient(run_dir)
+        self.client.welcomed.connect(self.welcomed)
+        self.client.messages.connect(self._on_messages)
+        self.client.start()
+        self._timer.start()
+        return run_dir
+
+    def _on_messages(self, batch: list[dict[str, Any]]) -> None:
+        self.messages.emit(batch)
+        for m in batch:
+            if m.get("type") == "metrics" and self.state == "starting":
+                self._set_state("running")
+            if m.get("kind") == "stopping" and self.state in ("starting", "running"):
+                self._set_state("stopping")
+
+    # ------------------------------------------------------------------------------ stop
+    def stop(self) -> None:
+        """Begin the stop escalation (agreed stop first)."""
+        if not self.active or self.launcher is None:
+            return
+        if self._stop_phase:
+            return
+        self._set_state("stopping")
+        self._stop_phase = 1
+        self._stop_started = time.monotonic()
+        if self.client is not None and self.client.send({"type": "stop"}):
+            self.notice.emit("stop sent: all ranks will stop at the same step")
+        else:  # not connected (yet): the launcher forwards SIGTERM to the ranks
+            self.launcher.signal_group(signal.SIGTERM)
+            self.notice.emit("stop: SIGTERM sent to the launcher")
+
+    def _escalate(self) -> None:
+        assert self.launcher is not None
+        waited = time.monotonic() - self._stop_started
+        if self._stop_phase == 1 and waited > self.grace_s:
+            self._stop_phase = 2
+            self._stop_started = time.monotonic()
+            self.launcher.signal_group(signal.SIGTERM)
+            self.notice.emit(f"the run did not stop within {self.grace_s:g} s: SIGTERM sent")
+        elif self._stop_phase == 2 and waited > self.kill_after_s:
+            self._stop_phase = 3
+            self.launcher.kill_all()
+            self.notice.emit("the run did not end after SIGTERM: SIGKILL sent")
+
+    def detach(self) -> None:
+        """Stop watching but leave the run training (the window is closing)."""
+        self._timer.stop()
+        if self.client is not None:
+            self.client.request_stop()
+            self.client.wait(3000)
+        self._set_state("idle")
+
+    # ------------------------------------------------------------------------------ watch
+    def poll_once(self) -> bool:
+        """One look at the launcher and status.json. Returns True once the run has ended."""
+        if self.launcher is None or self.run_dir is None:
+            return True
+        status = read_status(self.run_dir) or {}
+        now = time.monotonic()
+        if now - self._last_tree_scan > 1.0:
+            self._last_tree_scan = now
+            pids = [p for p in (status.get("pids") or {}).values() if isinstance(p, int)]
+            self.launcher.remember_tree(pids)
+        if status.get("state") == "running" and self.state == "starting":
+            self._set_state("running")
+        if self._stop_phase:
+            self._escalate()
+        code = self.launcher.poll()
+        if code is None:
+            return False
+        self._finish(code, status)
+        return True
+
+    def _finish(self, code: int, status: dict[str, Any]) -> None:
+        self._timer.stop()
+        assert self.launcher is not None and self.run_dir is not None
+        status = read_status(self.run_dir) or status
+        state = status.get("state")
+        if state not in FINAL_STATES:
+            state = "failed"
+            status["reason"] = status.get("reason") or (
+                f"the launcher exited with code {code} before the run ended"
+                + (f": {' / '.join(tail_lines(self.run_dir / 'launcher.log', 3))}"
+                   if (self.run_dir / "launcher.log").exists() else ""))
+        status["state"] = state
+        status["launcher_exit_code"] = code
+        if state == "failed":
+            rank, path, lines = failed_rank_log(self.run_dir, status)
+            status["log_rank"] = rank
+            status["log_tail"] = lines if path is not None else \
+                tail_lines(self.run_dir / "launcher.log", 20)
+        leftover = self.launcher.alive()
+        if leftover:  # the launcher sweeps its run; anything left is killed here
+            self.launcher.kill_all()
+            leftover = self.launcher.alive()
+        status["leftover_pids"] = [p.pid for p in leftover]
+        if self.client is not None:
+            self.client.request_stop()
+            self.client.wait(3000)
+        self._set_state(state)
+        self.finished.emit(status)

@@ -1,0 +1,60 @@
+"""The standard DDP recipe and nothing else, for bench/telemetry_overhead.py.
+
+Run under torchrun. Same model and data builders as the engine, its own plain loop: no comm
+hook, no timing, no device sampling, no telemetry, no stop checks, no metrics file. Rank 0
+prints {"samples_per_s": X} over steps [warmup, steps).
+"""
+
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ddp_engine.config import RunConfig, load_config_file
+from ddp_engine.data import build_datasets
+from ddp_engine.models import build_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--warmup", type=int, default=50)
+    args = parser.parse_args()
+    cfg = RunConfig.from_dict(load_config_file(args.config))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.seed)
+    data = build_datasets(cfg)
+    model = DDP(build_model(cfg, data.info))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    sampler = DistributedSampler(data.train, num_replicas=world, rank=rank, seed=cfg.seed,
+                                 drop_last=True)
+    loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)
+    assert cfg.max_steps is not None
+    step, epoch, t0 = 0, 0, 0.0
+    while step < cfg.max_steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            if step == args.warmup:
+                t0 = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            if step >= cfg.max_steps:
+                break
+        epoch += 1
+    elapsed = time.perf_counter() - t0
+    if rank == 0:
+        samples = (cfg.max_steps - args.warmup) * cfg.batch_size * world
+        print(json.dumps({"samples_per_s": samples / elapsed}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

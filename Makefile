@@ -16,7 +16,7 @@ TORCH_CUDA ?= torch
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run demo test lint clean
+.PHONY: install run demo test lint screenshot clean
 
 install: $(STAMP)
 
@@ -33,8 +33,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[test]"
 	@touch $(STAMP)
 
-# Until the desktop app lands, `make run` runs the headless demo in the terminal.
-run: demo
+# Opens the Rankscope window (needs a display; `make demo` trains in the terminal instead).
+run: install
+	$(PY) main.py
 
 demo: install
 	$(PY) -m ddp_engine launch --model mlp --dataset synthetic --nproc 2 --max-steps 200
@@ -45,6 +46,15 @@ lint: install
 
 test: install lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# docs/screenshot.png from a real window under Xvfb. Debian packages it needs:
+SCREENSHOT_DEBS = xvfb xdotool x11-utils imagemagick libxcb-cursor0 libxkbcommon-x11-0 \
+	libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-render-util0 libxcb-xinerama0 \
+	libxcb-shape0 libegl1 libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
+screenshot: install
+	@command -v Xvfb >/dev/null && command -v xdotool >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SCREENSHOT_DEBS))
+	docs/make_screenshot.sh docs/screenshot.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ class Chart(pg.PlotWidget):
         self.setBackground("w")
         self.setTitle(title, color="#333", size="10pt")
         self.setLabel("left", y_label)
+        self.getAxis("left").enableAutoSIPrefix(False)  # the label already names the unit
         self.setLabel("bottom", x_label)
         self.showGrid(x=True, y=True, alpha=0.2)
         self.legend = self.addLegend(offset=(-10, 10))

@@ -33,9 +33,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[test]"
 	@touch $(STAMP)
 
-# Opens the Rankscope window (needs a display; `make demo` trains in the terminal instead).
+# Opens the Rankscope window; without a display it trains the headless demo instead.
 run: install
-	$(PY) main.py
+	@if [ -n "$$DISPLAY$$WAYLAND_DISPLAY$$QT_QPA_PLATFORM" ]; then $(PY) main.py; else \
+	  echo "no display (DISPLAY and WAYLAND_DISPLAY unset): training the terminal demo instead"; \
+	  $(MAKE) --no-print-directory demo; fi
 
 demo: install
 	$(PY) -m ddp_engine launch --model mlp --dataset synthetic --nproc 2 --max-steps 200

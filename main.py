@@ -12,6 +12,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rankscope", description="Rankscope desktop app")
     parser.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
     parser.add_argument("--config", help="a TOML preset to fill the launch form with")
+    parser.add_argument("--stop-grace-s", type=float, default=30.0, metavar="S",
+                        help="after Stop, seconds to wait for the agreed stop before SIGTERM "
+                        "(then SIGKILL 10 s later); default 30")
     args = parser.parse_args(argv)
 
     from PySide6.QtCore import QSocketNotifier
@@ -31,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: window.close())
     notifier = QSocketNotifier(wake_r.fileno(), QSocketNotifier.Type.Read)
     notifier.activated.connect(lambda *_: wake_r.recv(64))
-    window = MainWindow(runs_dir=args.runs_dir, preset=args.config)
+    window = MainWindow(runs_dir=args.runs_dir, preset=args.config, grace_s=args.stop_grace_s)
     window.show()
     return app.exec()
 

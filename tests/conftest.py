@@ -72,4 +72,24 @@ def _gpu_count() -> int:
     return gpu_count()
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Safety net: a run that a failed test left behind (runs outlive their window by design)
+    is ended, so it cannot slow the rest of CI. Tests assert no leftovers themselves."""
+    base = getattr(session.config, "_tmp_path_factory", None)
+    if base is None:
+        return
+    left = processes_mentioning(str(base.getbasetemp()))
+    for p in left:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=10)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
 cuda = pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA device (none visible to NVML)")

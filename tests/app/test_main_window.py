@@ -108,8 +108,7 @@ def test_a_whole_run_from_the_gui_to_completion(qtbot, window: MainWindow) -> No
 
 @pytest.mark.slow
 def test_stop_mid_run_ends_stopped_with_nothing_left(qtbot, window: MainWindow) -> None:
-    window.panel.max_steps.setValue(0)
-    window.panel.epochs.setValue(100000)
+    window.panel.max_steps.setValue(50_000)  # long enough to stop mid-run; ends by itself
     run_dir = window.start_run()
     assert run_dir is not None
     qtbot.waitUntil(lambda: window.store.info.step >= 20, timeout=120_000)
@@ -155,3 +154,35 @@ def test_the_gui_process_never_imports_torch(tmp_path: Path) -> None:
                           env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen",
                                "HOME": str(tmp_path)}, timeout=60)
     assert proc.returncode == 0, "the GUI imported torch: " + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_closing_during_a_run_can_leave_it_training(qtbot, window: MainWindow) -> None:
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    from tests.conftest import run_engine
+
+    window.panel.max_steps.setValue(50_000)
+    run_dir = window.start_run()
+    assert run_dir is not None
+    qtbot.waitUntil(lambda: window.store.info.step >= 10, timeout=120_000)
+    asked: list[str] = []
+
+    def answer() -> None:
+        box = QApplication.activeModalWidget()
+        assert isinstance(box, QMessageBox)
+        asked.append(box.text())
+        leave = next(b for b in box.buttons() if b.text() == "Leave it running")
+        leave.click()
+
+    QTimer.singleShot(200, answer)
+    window.close()
+    assert asked and "Stop it, or leave it running" in asked[0]
+    assert not window.isVisible() and window.controller.state == "idle"
+    step = read_status(run_dir)["step"]
+    wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) > step + 50, 60,
+             "the run to keep training without its window")
+    stopped = run_engine("stop", str(run_dir), timeout=120)
+    assert stopped.returncode == 0 and stopped.stdout.startswith("stopped")
+    assert not processes_mentioning(str(run_dir))

@@ -60,6 +60,10 @@ class RunController(QObject):
         self._timer = QTimer(self)
         self._timer.setInterval(poll_ms)
         self._timer.timeout.connect(self.poll_once)
+        self._detached: list[LauncherProcess] = []
+        self._reaper = QTimer(self)
+        self._reaper.setInterval(2000)
+        self._reaper.timeout.connect(self._reap_detached)
 
     @property
     def active(self) -> bool:
@@ -132,12 +136,21 @@ class RunController(QObject):
             self.notice.emit("the run did not end after SIGTERM: SIGKILL sent")
 
     def detach(self) -> None:
-        """Stop watching but leave the run training (the window is closing)."""
+        """Stop watching but leave the run training (the window is closing). The launcher is
+        still reaped when it ends while this app lives, so it does not linger as a zombie."""
         self._timer.stop()
         if self.client is not None:
             self.client.request_stop()
             self.client.wait(3000)
+        if self.launcher is not None:
+            self._detached.append(self.launcher)
+            self._reaper.start()
         self._set_state("idle")
+
+    def _reap_detached(self) -> None:
+        self._detached = [p for p in self._detached if p.poll() is None]
+        if not self._detached:
+            self._reaper.stop()
 
     # ------------------------------------------------------------------------------ watch
     def poll_once(self) -> bool:

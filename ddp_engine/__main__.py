@@ -121,12 +121,32 @@ def cmd_stop(ns: argparse.Namespace) -> int:
                 outcome = final
                 break
             time.sleep(0.2)
+        _wait_launcher_exit(data, max(0.0, deadline - time.monotonic()))
     if outcome is None:
         print(f"error: the run did not end within {ns.timeout:g} s", file=sys.stderr)
         return 1
     print(f"{outcome['state']} at step {outcome.get('step')}"
           + (f": {outcome['reason']}" if outcome.get("reason") else ""))
     return 0 if outcome["state"] in ("stopped", "completed") else 1
+
+
+def _wait_launcher_exit(data: dict, timeout_s: float) -> None:
+    """Return once the launcher (which sweeps the run's processes) has exited."""
+    import psutil
+
+    pid = data.get("launcher_pid")
+    if not isinstance(pid, int):
+        return
+    deadline = time.monotonic() + timeout_s
+    try:
+        proc = psutil.Process(pid)
+        if proc.create_time() > float(data.get("started", 0)) + 1:
+            return  # the pid was reused: that launcher is long gone
+        # A zombie has exited (its parent, e.g. a detached app, has not reaped it yet).
+        while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except psutil.Error:
+        pass
 
 
 def _signal_launcher(data: dict, run_dir: str) -> bool:

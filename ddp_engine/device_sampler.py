@@ -65,13 +65,11 @@ class DeviceSampler(threading.Thread):
         if self.device_type == "cuda":
             self._nvml, self._handle = _nvml_handle(self.local_rank, self.gpu_uuid)
         try:
-            with self._proc.oneshot():
-                self._proc.cpu_percent(None)  # first call primes the counter
+            self._proc.cpu_percent(None)  # the first call only starts the CPU-time counter
             next_t = time.monotonic()
-            while not self._stop_event.is_set():
-                self._latest = self.poll_once()
+            while not self._stop_event.wait(max(0.0, next_t + self.period_s - time.monotonic())):
                 next_t += self.period_s
-                self._stop_event.wait(max(0.0, next_t - time.monotonic()))
+                self._latest = self.poll_once()
         finally:
             if self._nvml is not None:
                 try:

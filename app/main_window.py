@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QToolBar,
 )
 
-from app.dashboard import Dashboard
 from app.launch_panel import LaunchPanel
 from app.logs_view import LogsView
 from app.metric_store import MetricStore
@@ -26,7 +25,11 @@ from app.run_controller import RunController
 from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.devices import GpuInfo
 
+if TYPE_CHECKING:
+    from app.dashboard import Dashboard
+
 SETTINGS_KEY = "last_form"
+DASHBOARD_DELAY_MS = 50
 
 
 class MainWindow(QMainWindow):
@@ -40,10 +43,10 @@ class MainWindow(QMainWindow):
         self.store = MetricStore()
         self.controller = RunController(self, grace_s=grace_s)
         self.panel = LaunchPanel(runs_dir=runs_dir, gpus=gpus)
-        self.dashboard = Dashboard(self.store)
+        self._dashboard: Dashboard | None = None
         self.logs = LogsView()
         self.tabs = QTabWidget()
-        self.tabs.addTab(self.dashboard, "Dashboard")
+        self.tabs.addTab(QLabel("loading the charts..."), "Dashboard")
         self.tabs.addTab(self.logs, "Logs")
         self.setCentralWidget(self.tabs)
         scroll = QScrollArea()
@@ -82,6 +85,9 @@ class MainWindow(QMainWindow):
         self.controller.finished.connect(self._on_finished)
         self.last_result: dict[str, Any] | None = None
 
+        # The charts (pyqtgraph: a third of the start-up time) are built just after the first
+        # frame, so the window appears sooner; anything that needs them builds them at once.
+        QTimer.singleShot(DASHBOARD_DELAY_MS, self, self._build_dashboard)  # dies with self
         if preset:
             self.panel.load_preset_from(preset)
         else:
@@ -89,6 +95,23 @@ class MainWindow(QMainWindow):
             if runs_dir != "runs":
                 self.panel.runs_dir.setText(runs_dir)
         self._update_actions()
+
+    def _build_dashboard(self) -> None:
+        _ = self.dashboard
+
+    @property
+    def dashboard(self) -> Dashboard:
+        if self._dashboard is None:
+            from app.dashboard import Dashboard
+
+            self._dashboard = Dashboard(self.store)
+            current = self.tabs.currentIndex()
+            placeholder = self.tabs.widget(0)
+            self.tabs.removeTab(0)
+            placeholder.deleteLater()
+            self.tabs.insertTab(0, self._dashboard, "Dashboard")
+            self.tabs.setCurrentIndex(current)
+        return self._dashboard
 
     # ------------------------------------------------------------------------------ actions
     def start_run(self) -> Path | None:

@@ -54,8 +54,9 @@ def test_no_host_device_sync_inside_the_step(tmp_path: Path) -> None:
 
 def test_gpu_telemetry_fields_are_filled(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = run_engine("launch", "--device", "cuda", "--nproc", "1", "--max-steps", "200",
-                      "--log-every", "20", "--model", "convnet", "--run-dir", str(run_dir))
+    # Long enough for the 2 Hz device sampler to have read the GPU several times.
+    proc = run_engine("launch", "--device", "cuda", "--nproc", "1", "--max-steps", "3000",
+                      "--log-every", "100", "--model", "convnet", "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     last = [m for m in iter_metrics(run_dir) if m["type"] == "metrics"][-1]["ranks"][0]
     assert last["device"] == "cuda:0"

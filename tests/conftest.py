@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -38,6 +39,20 @@ def start_engine(*args: str, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "ddp_engine", *args], stdout=f,
                             stderr=subprocess.STDOUT, env=engine_env(), cwd=REPO,
                             start_new_session=True)
+
+
+@contextlib.contextmanager
+def endless_run(tmp_path: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A 2-rank CPU run that trains until stopped, started in its own session as the app starts
+    it, with its output in tmp_path/out.log. The launcher is killed on the way out (its ranks
+    then stop by themselves: parent-death signal)."""
+    run_dir = tmp_path / "run"
+    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", *extra, "--run-dir",
+                        str(run_dir), log=tmp_path / "out.log")
+    try:
+        yield proc, run_dir
+    finally:
+        proc.kill()
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str,

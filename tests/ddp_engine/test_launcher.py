@@ -15,10 +15,10 @@ import torch
 from ddp_engine.run_dir import iter_metrics, rank_log_files, read_rank_files, read_status
 from tests.conftest import (
     REPO,
+    endless_run,
     engine_env,
     processes_mentioning,
     run_engine,
-    start_engine,
     wait_for,
 )
 
@@ -125,15 +125,10 @@ def test_resume_continues_at_the_saved_step(finished_run, tmp_path: Path) -> Non
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_mid_run_stops_all_ranks_at_one_step(tmp_path: Path, sig: int) -> None:
     """SIGTERM (from a script or the app) and SIGINT (Ctrl+C) both give the agreed stop."""
-    run_dir = tmp_path / "run"
-    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
-                        str(run_dir), log=tmp_path / "out.log")
-    try:
+    with endless_run(tmp_path) as (proc, run_dir):
         wait_for(lambda: len(metrics(run_dir)) >= 2, 120, "training to report twice")
         proc.send_signal(sig)
         assert proc.wait(timeout=90) == 0, (tmp_path / "out.log").read_text()
-    finally:
-        proc.kill()
     status = read_status(run_dir)
     assert status["state"] == "stopped", status
     ranks = read_rank_files(run_dir)
@@ -148,11 +143,8 @@ def test_a_stop_signal_mid_run_stops_all_ranks_at_one_step(tmp_path: Path, sig: 
 
 
 def test_ctrl_c_twice_forces_a_hung_run_down(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--log-every", "1",
-                        "--loss", f"{FAULTY}:hang_on_rank1", "--run-dir", str(run_dir),
-                        log=tmp_path / "out.log")
-    try:
+    hang = ("--log-every", "1", "--loss", f"{FAULTY}:hang_on_rank1")
+    with endless_run(tmp_path, *hang) as (proc, run_dir):
         wait_for(lambda: len(read_rank_files(run_dir)) == 2, 120, "both ranks to start")
         wait_for(lambda: len(metrics(run_dir)) >= 1, 60, "a first report")
         proc.send_signal(signal.SIGINT)  # rank 1 hangs: the agreed stop cannot happen
@@ -160,8 +152,6 @@ def test_ctrl_c_twice_forces_a_hung_run_down(tmp_path: Path) -> None:
                  "the launcher to forward the stop")
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
-    finally:
-        proc.kill()
     out = (tmp_path / "out.log").read_text()
     assert code == 130, out
     status = read_status(run_dir)
@@ -186,15 +176,10 @@ def test_a_raising_rank_fails_the_run_and_is_named(tmp_path: Path) -> None:
 
 
 def test_a_rank_killed_by_a_signal_is_named(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
-                        str(run_dir), log=tmp_path / "out.log")
-    try:
+    with endless_run(tmp_path) as (proc, run_dir):
         wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "training to report")
         os.kill(read_rank_files(run_dir)[1]["pid"], signal.SIGKILL)
         assert proc.wait(timeout=90) == 1
-    finally:
-        proc.kill()
     status = read_status(run_dir)
     assert status["state"] == "failed"
     assert "rank 1 was killed by signal SIGKILL" in status["reason"], status["reason"]
@@ -204,32 +189,22 @@ def test_a_rank_killed_by_a_signal_is_named(tmp_path: Path) -> None:
 
 def test_ranks_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
     """SIGKILL to the launcher: the parent-death signal makes the ranks agree to stop."""
-    run_dir = tmp_path / "run"
-    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
-                        str(run_dir), log=tmp_path / "out.log")
-    try:
+    with endless_run(tmp_path) as (proc, run_dir):
         wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "training to report")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         wait_for(lambda: not processes_mentioning(str(run_dir)), 60, "the ranks to exit")
-    finally:
-        proc.kill()
     ranks = read_rank_files(run_dir)
     assert {d["state"] for d in ranks.values()} == {"stopped"}, ranks
     assert "the launcher died" in events(run_dir, "stopping")[0]["reason"]
 
 
 def test_stop_during_start_up_leaves_nothing(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
-                        str(run_dir), log=tmp_path / "out.log")
-    try:
+    with endless_run(tmp_path) as (proc, run_dir):
         wait_for(lambda: (read_status(run_dir) or {}).get("state") == "starting", 60,
                  "the launcher to write status.json")
         proc.send_signal(signal.SIGTERM)  # before any rank reported in
         assert proc.wait(timeout=90) in (0, 130), (tmp_path / "out.log").read_text()
-    finally:
-        proc.kill()
     assert read_status(run_dir)["state"] == "stopped"
     assert_no_process_left(run_dir)
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
 
 from ddp_engine.run_dir import read_status
-from tests.conftest import processes_mentioning, run_engine, start_engine, wait_for
+from tests.conftest import endless_run, processes_mentioning, run_engine, wait_for
 
 
 def test_help_lists_every_flag_with_its_default() -> None:
@@ -86,10 +85,7 @@ def test_bad_checkpoint_with_torch_content_is_refused(tmp_path: Path) -> None:
 
 def test_status_and_stop_commands(tmp_path: Path) -> None:
     assert run_engine("status", str(tmp_path / "none"), timeout=30).returncode == 2
-    run_dir = tmp_path / "run"
-    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--run-dir",
-                        str(run_dir), log=tmp_path / "out.log")
-    try:
+    with endless_run(tmp_path) as (proc, run_dir):
         wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) > 0, 120, "progress")
         shown = run_engine("status", str(run_dir), timeout=30)
         assert shown.returncode == 0
@@ -98,9 +94,6 @@ def test_status_and_stop_commands(tmp_path: Path) -> None:
         assert stopped.returncode == 0, stopped.stderr
         assert stopped.stdout.startswith("stopped at step")
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
     assert read_status(run_dir)["state"] == "stopped"
     again = run_engine("stop", str(run_dir), timeout=30)
     assert again.returncode == 0 and "already ended: stopped" in again.stdout

@@ -130,13 +130,10 @@ def test_live_run_viewers_and_stop_over_the_socket(tmp_path: Path) -> None:
     training, a wrong token that cannot stop it, a late viewer with history, then stop.
     (That a stuck viewer is dropped once its buffer fills is shown above, with megabytes.)"""
     from ddp_engine.run_dir import read_status
-    from tests.conftest import processes_mentioning, start_engine
+    from tests.conftest import endless_run, processes_mentioning
 
-    run_dir = tmp_path / "run"
-    proc = start_engine("launch", "--nproc", "2", "--max-steps", "1000000", "--log-every", "5",
-                        "--monitor-buffer-bytes", "4096", "--run-dir", str(run_dir),
-                        log=tmp_path / "out.log")
-    try:
+    args = ("--log-every", "5", "--monitor-buffer-bytes", "4096")
+    with endless_run(tmp_path, *args) as (proc, run_dir):
         wait_for(lambda: (run_dir / MONITOR_FILE).exists(), 120, "monitor.json")
         stuck = Connection(run_dir)  # never reads after the welcome
         first = Connection(run_dir, timeout_s=60)
@@ -193,8 +190,6 @@ def test_live_run_viewers_and_stop_over_the_socket(tmp_path: Path) -> None:
         assert proc.wait(timeout=60) == 0
         first.close()
         stuck.close()
-    finally:
-        proc.kill()
     status = read_status(run_dir)
     assert status["state"] == "stopped" and "stop command from a viewer" in status["reason"]
     assert (run_dir / "checkpoints" / "last.pt").is_file()

@@ -23,13 +23,12 @@ import json
 import math
 import os
 import re
+import tomllib
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 BUILTIN_MODELS: tuple[str, ...] = ("mlp", "convnet", "resnet18", "gpt-tiny")
 """Model names the engine builds itself (ddp_engine/models.py)."""

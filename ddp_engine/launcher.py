@@ -308,7 +308,10 @@ def _failure_reason(failures: dict[int, Any], root: int) -> tuple[str, dict[str,
             entry["signal"] = f.signal_name()
             parts.append(f"rank {rank} was killed by signal {f.signal_name()}")
         else:
-            message = str(f.message or "").strip().splitlines()
+            raw = f.message
+            if isinstance(raw, dict):  # torch's error file: {"message": ..., "extraInfo": ...}
+                raw = raw.get("message")
+            message = str(raw or "").strip().splitlines()
             text = message[0] if message else f"exit code {exitcode}"
             entry["error"] = text
             parts.append(f"rank {rank} failed: {text}")

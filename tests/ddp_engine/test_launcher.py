@@ -167,7 +167,8 @@ def test_a_raising_rank_fails_the_run_and_is_named(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     status = read_status(run_dir)
     assert status["state"] == "failed"
-    assert "rank 1" in status["reason"] and "boom from the test plugin" in status["reason"]
+    assert status["reason"].startswith("rank 1 failed: RuntimeError: boom from the test plugin")
+    assert "Traceback" not in status["reason"]  # one line, not the error file's dump
     assert status["exit_codes"]["1"] not in (0, None)
     log = rank_log_files(run_dir)[1].read_text()
     assert "Traceback" in log and "RuntimeError: boom from the test plugin" in log
@@ -252,3 +253,15 @@ def test_gpt_tiny_on_a_text_file(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ms = metrics(run_dir)
     assert mean_loss(ms[-1]) < mean_loss(ms[0])
+
+
+def test_input_only_the_ranks_can_check_fails_the_run_with_one_line(tmp_path: Path) -> None:
+    """A model argument the model does not take is found when rank code builds the model."""
+    run_dir = tmp_path / "run"
+    proc = run_engine("launch", "--nproc", "2", "--max-steps", "5", "--model-arg", "width=3",
+                      "--run-dir", str(run_dir))
+    assert proc.returncode == 1
+    reason = read_status(run_dir)["reason"]
+    assert "ConfigError: model_args for mlp: " in reason and "'width'" in reason
+    assert "\n" not in reason and "Traceback" not in reason
+    assert_no_process_left(run_dir)

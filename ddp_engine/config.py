@@ -410,8 +410,8 @@ def _check_type(cfg: RunConfig) -> None:
             names = [words[t] for t in types if not (t is int and float in types)]
             want = " or ".join(names)
             raise ConfigError(f"{name} must be {want}, got {value!r}")
-        if isinstance(value, float) and float in types:
-            setattr(cfg, name, float(value))
+        if float in types and isinstance(value, int) and not is_bool:
+            setattr(cfg, name, float(value))  # TOML's `lr = 1` is the number 1.0
         if name == "gpus" and value is not None:
             for g in value:
                 if not isinstance(g, int) or isinstance(g, bool):
@@ -420,8 +420,6 @@ def _check_type(cfg: RunConfig) -> None:
             for k in value:
                 if not isinstance(k, str) or not k.isidentifier():
                     raise ConfigError(f"{name}: key {k!r} is not a valid keyword argument name")
-    if isinstance(cfg.lr, int):
-        cfg.lr = float(cfg.lr)
 
 
 def _toml_key(key: str) -> str:

@@ -58,8 +58,9 @@ def test_bad_values_name_field_value_and_what_is_allowed(changes: dict, message:
 
 
 def test_defaults_are_valid_and_ints_promote_to_float() -> None:
-    cfg = RunConfig(lr=1)
-    assert cfg.lr == 1.0 and isinstance(cfg.lr, float)
+    cfg = RunConfig(lr=1, momentum=0, grad_clip=2)
+    assert isinstance(cfg.lr, float) and isinstance(cfg.momentum, float)
+    assert isinstance(cfg.grad_clip, float) and cfg.grad_clip == 2.0
     assert cfg.total_epochs == 1
     assert RunConfig(max_steps=10).total_epochs is None
     assert RunConfig(max_steps=10, epochs=3).total_epochs == 3

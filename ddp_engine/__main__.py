@@ -1,16 +1,26 @@
-"""Command line: ``python -m ddp_engine launch | stop | status``."""
+"""Command line: ``python -m ddp_engine launch | sweep | stop | status``."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
 
-from ddp_engine.config import ConfigError, add_config_arguments, config_from_namespace
+import psutil
+
+from ddp_engine.config import (
+    ConfigError,
+    RunConfig,
+    add_config_arguments,
+    config_from_namespace,
+)
 from ddp_engine.protocol import Connection, ProtocolError
 from ddp_engine.run_dir import FINAL_STATES, read_status
+from ddp_engine.runs import owner_process, process_if_alive
+from ddp_engine.sweep import DEFAULT_STEPS, parse_counts, run_sweep
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,6 +32,20 @@ def _parser() -> argparse.ArgumentParser:
                             description="Train with torchrun on this machine. Every flag is "
                             "also a key of the --config file (--max-steps is max_steps).")
     add_config_arguments(launch)
+    sweep = sub.add_parser("sweep", help="scaling sweep: train on 1, 2, ... N devices in turn, "
+                           "samples/s and efficiency per count",
+                           description="Run the config once per process count, one after the "
+                           "other, --steps steps each (per-process batch size kept: weak "
+                           "scaling), into a run group folder with group.json. Takes every "
+                           "launch flag; --steps replaces max_steps and epochs. Exit code: 0 "
+                           "completed or stopped, 1 a count failed, 2 bad input, 130 a forced "
+                           "stop.")
+    add_config_arguments(sweep)
+    sweep.add_argument("--counts", type=parse_counts, metavar="N,M",
+                       help="process counts, e.g. 1,2,4 (default: 1..--nproc if given, else "
+                       "1..chosen GPUs, or 1..min(CPU cores, 8) on CPU)")
+    sweep.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="K",
+                       help=f"optimizer steps per count (default: {DEFAULT_STEPS})")
     stop = sub.add_parser("stop", help="ask a running run to stop (agreed stop, checkpoint)")
     stop.add_argument("run_dir", metavar="RUN_DIR")
     stop.add_argument("--timeout", type=float, default=120.0, metavar="S",
@@ -32,15 +56,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_launch(ns: argparse.Namespace) -> int:
+def _config(ns: argparse.Namespace) -> RunConfig | None:
+    """The config of ``--config`` and the flags, or None after printing why it is invalid."""
     try:
-        cfg = config_from_namespace(ns)
+        return config_from_namespace(ns)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def cmd_launch(ns: argparse.Namespace) -> int:
+    cfg = _config(ns)
+    if cfg is None:
         return 2
     from ddp_engine.launcher import launch  # imports psutil and (later) torch
 
     return launch(cfg)
+
+
+def cmd_sweep(ns: argparse.Namespace) -> int:
+    cfg = _config(ns)
+    return 2 if cfg is None else run_sweep(cfg, ns.counts, ns.steps)
 
 
 def _load_status(run_dir: str) -> dict | None:
@@ -121,7 +157,7 @@ def cmd_stop(ns: argparse.Namespace) -> int:
                 outcome = final
                 break
             time.sleep(0.2)
-        _wait_launcher_exit(data, max(0.0, deadline - time.monotonic()))
+        _wait_launcher_exit(run_dir, data, max(0.0, deadline - time.monotonic()))
     if outcome is None:
         print(f"error: the run did not end within {ns.timeout:g} s", file=sys.stderr)
         return 1
@@ -130,46 +166,32 @@ def cmd_stop(ns: argparse.Namespace) -> int:
     return 0 if outcome["state"] in ("stopped", "completed") else 1
 
 
-def _wait_launcher_exit(data: dict, timeout_s: float) -> None:
+def _wait_launcher_exit(run_dir: str, data: dict, timeout_s: float) -> None:
     """Return once the launcher (which sweeps the run's processes) has exited."""
-    import psutil
-
-    pid = data.get("launcher_pid")
-    if not isinstance(pid, int):
-        return
+    proc = owner_process(run_dir, data)
     deadline = time.monotonic() + timeout_s
-    try:
-        proc = psutil.Process(pid)
-        if proc.create_time() > float(data.get("started", 0)) + 1:
-            return  # the pid was reused: that launcher is long gone
-        # A zombie has exited (its parent, e.g. a detached app, has not reaped it yet).
-        while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
-            time.sleep(0.1)
-    except psutil.Error:
-        pass
+    # A zombie has exited (its parent, e.g. a detached app, has not reaped it yet).
+    while proc is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        proc = process_if_alive(proc.pid)
 
 
 def _signal_launcher(data: dict, run_dir: str) -> bool:
     """SIGTERM the launcher named in status.json (it forwards it: an agreed stop)."""
-    import psutil
-
-    pid = data.get("launcher_pid")
-    try:
-        if not isinstance(pid, int):
-            raise ValueError(pid)
-        proc = psutil.Process(pid)
-        if proc.create_time() > float(data.get("started", 0)) + 1:
-            raise psutil.NoSuchProcess(pid)  # the pid was reused by another process
-        proc.terminate()
-        return True
-    except (psutil.Error, ValueError):
-        print(f"error: the launcher (pid {pid}) of {run_dir} is not running", file=sys.stderr)
+    proc = owner_process(run_dir, data)
+    if proc is None:
+        print(f"error: the launcher (pid {data.get('launcher_pid')}) of {run_dir} is not "
+              "running", file=sys.stderr)
         return False
+    with contextlib.suppress(psutil.Error):
+        proc.terminate()
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
-    return {"launch": cmd_launch, "stop": cmd_stop, "status": cmd_status}[ns.command](ns)
+    commands = {"launch": cmd_launch, "sweep": cmd_sweep, "stop": cmd_stop, "status": cmd_status}
+    return commands[ns.command](ns)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import shlex
 import signal
@@ -45,6 +44,7 @@ from ddp_engine.run_dir import (
     prepare_run_dir,
     read_rank_files,
 )
+from ddp_engine.runs import fmt_duration
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -238,7 +238,7 @@ class RunMonitor(threading.Thread):
         if total and len(self._rate) >= 2 and self._rate[-1][1] > self._rate[0][1]:
             steps_per_s = (self._rate[-1][1] - self._rate[0][1]) / (
                 self._rate[-1][0] - self._rate[0][0] + 1e-9)
-            eta = _fmt_duration((total - step) / steps_per_s)
+            eta = fmt_duration((total - step) / steps_per_s)
         self._print(f"step {step}/{total or '?'} epoch {msg.get('epoch')} | loss {losses} | "
                     f"{rate:,.0f} samples/s | ETA {eta}")
 
@@ -248,14 +248,6 @@ class RunMonitor(threading.Thread):
 
 def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{value:.4f}"
-
-
-def _fmt_duration(seconds: float) -> str:
-    if not math.isfinite(seconds) or seconds < 0:
-        return "?"
-    m, s = divmod(int(seconds + 0.5), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 @contextlib.contextmanager

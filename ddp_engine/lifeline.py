@@ -15,12 +15,22 @@ import signal
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
 
 
-def arm_parent_death() -> None:
-    """Ask the kernel for PARENT_DEATH_SIGNAL when the parent dies; no-op off Linux."""
+def arm_parent_death(sig: signal.Signals = PARENT_DEATH_SIGNAL,
+                     parent_pid: int | None = None) -> None:
+    """Ask the kernel for ``sig`` when the parent dies; no-op off Linux.
+
+    Args:
+        sig: the signal to get; the scaling sweep arms SIGTERM for its launchers (an agreed
+            stop), the default is the ranks' own.
+        parent_pid: the parent expected to be alive (it may be pid 1 in a container); default:
+            any parent but init.
+    """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(PARENT_DEATH_SIGNAL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        libc.prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os.kill(os.getpid(), PARENT_DEATH_SIGNAL)
+    parent = os.getppid()
+    gone = parent == 1 if parent_pid is None else parent != parent_pid
+    if gone:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)

@@ -108,3 +108,43 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 cuda = pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA device (none visible to NVML)")
+
+
+def make_run_folder(parent: Path, name: str, *, state: str = "completed", steps: int = 30,
+                    world_size: int = 2, started: float = 1_790_000_000.0,
+                    launcher_pid: int | None = None, resume: str | None = None,
+                    losses: Callable[[int, int], float] = lambda step, rank: 2.0 / (1 + step),
+                    checkpoint: bool = True, log_every: int = 10) -> Path:
+    """A run folder as the engine leaves it (config.json, status.json, metrics.jsonl and an
+    empty checkpoints/last.pt), written by hand: a fixture for listing and opening past runs."""
+    import json
+
+    run = parent / name
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "ranks").mkdir()
+    cfg = {"model": "mlp", "dataset": "synthetic", "device": "cpu", "nproc": world_size,
+           "gpus": None, "max_steps": steps, "run_dir": str(run), "runs_dir": str(parent),
+           "resume": resume}
+    (run / "config.json").write_text(json.dumps(cfg))
+    final = state in ("completed", "stopped", "failed")
+    status = {"state": state, "step": steps, "total_steps": steps, "world_size": world_size,
+              "nproc": world_size, "device": "cpu", "started": started,
+              "updated": started + steps, "ended": started + steps if final else None,
+              "launcher_pid": launcher_pid, "last_eval": {"step": steps, "val_loss": 0.5}}
+    (run / "status.json").write_text(json.dumps(status))
+    lines = [{"type": "event", "time": started, "kind": "run_start", "total_steps": steps,
+              "world_size": world_size, "start_step": 0}]
+    for step in range(log_every, steps + 1, log_every):
+        lines.append({"type": "metrics", "time": started + step, "step": step, "epoch": 0,
+                      "total_steps": steps,
+                      "ranks": [{"rank": r, "loss": losses(step, r),
+                                 "samples_per_s": 100.0 * (r + 1), "step_time_s": 0.01,
+                                 "device": "cpu"} for r in range(world_size)]})
+    lines.append({"type": "event", "time": started + steps, "kind": "eval", "step": steps,
+                  "val_loss": 0.5, "val_accuracy": 0.75})
+    if final:
+        lines.append({"type": "event", "time": started + steps, "kind": state, "step": steps})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    if checkpoint:
+        (run / "checkpoints" / "last.pt").write_bytes(b"")
+    return run

@@ -25,3 +25,10 @@ def hang_on_rank1(output, target):
         while True:
             time.sleep(0.5)
     return F.cross_entropy(output, target)
+
+
+def slow(output, target):
+    """Every micro-step takes at least 20 ms: a run at most 50 steps/s on any machine, so a test
+    can rely on it still training a while."""
+    time.sleep(0.02)
+    return F.cross_entropy(output, target)

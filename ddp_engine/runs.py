@@ -1,0 +1,278 @@
+"""Every run under a runs folder, summarized for a list: the app's Runs panel and scripts.
+
+Standard library and psutil only (the GUI imports this). A run is a folder holding any of
+status.json, config.json or monitor.json; a scaling sweep is a folder holding group.json, whose
+sub-folders are its runs. Whether a run is *live* is decided from processes, not from files: a
+run whose launcher was SIGKILLed still says "running" in status.json, so the launcher's (or, for
+a run started by plain torchrun, rank 0's) pid is checked, with its start time, so a reused pid
+does not count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ddp_engine.protocol import MONITOR_FILE
+from ddp_engine.run_dir import (
+    CONFIG_FILE,
+    FINAL_STATES,
+    STATUS_FILE,
+    MetricsTail,
+    read_json,
+    read_status,
+)
+from ddp_engine.sweep import GROUP_FILE, is_group
+
+RUN_MARKERS = (STATUS_FILE, CONFIG_FILE, MONITOR_FILE)
+INTERRUPTED = "interrupted"
+"""The state shown for a run whose status.json says it is active but whose processes are gone
+(its launcher was killed, or the machine restarted)."""
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``m:ss`` or ``h:mm:ss``; ``?`` for an unknown or impossible duration."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    m, s = divmod(int(seconds + 0.5), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def process_if_alive(pid: Any, started: Any = None) -> psutil.Process | None:
+    """The process ``pid`` if it runs (a zombie has ended) and, when ``started`` (Unix time) is
+    given, was not created after it: a pid reused by a later process is not the one meant."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if isinstance(started, int | float) and proc.create_time() > float(started) + 1.0:
+            return None
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except psutil.Error:
+        return None
+
+
+def owner_process(run_dir: str | os.PathLike[str],
+                  status: dict[str, Any] | None = None) -> psutil.Process | None:
+    """The live process that owns a run: its launcher (status.json's launcher_pid) or, for a run
+    started by plain torchrun (no status.json), rank 0 (monitor.json's pid). None if neither is
+    alive."""
+    status = read_status(run_dir) if status is None else status
+    if status:
+        return process_if_alive(status.get("launcher_pid"), status.get("started"))
+    monitor = read_json(Path(run_dir) / MONITOR_FILE)
+    if isinstance(monitor, dict):
+        return process_if_alive(monitor.get("pid"))
+    return None
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
+
+
+def parent_run(config: dict[str, Any]) -> Path | None:
+    """The run a resumed run continues: the folder whose checkpoints/ holds its resume file."""
+    resume = config.get("resume")
+    if not resume:
+        return None
+    ckpt = Path(str(resume))
+    if ckpt.parent.name == "checkpoints":
+        return ckpt.parent.parent
+    return None
+
+
+@dataclass
+class RunSummary:
+    """One line of the runs list."""
+
+    path: Path
+    kind: str = "run"  # "run" or "sweep"
+    state: str = "unknown"
+    live: bool = False
+    model: str | None = None
+    dataset: str | None = None
+    device: str | None = None
+    nproc: int | None = None
+    gpus: list[int] | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    best_loss: float | None = None
+    val_loss: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    updated: float | None = None
+    reason: str | None = None
+    parent: Path | None = None
+    has_checkpoint: bool = False
+    children: list[RunSummary] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started is None:
+            return None
+        end = self.ended
+        if end is None:
+            end = time.time() if self.live else self.updated
+        return None if end is None else max(0.0, end - self.started)
+
+    @property
+    def devices(self) -> str:
+        if self.gpus:
+            return "GPU " + ",".join(str(g) for g in self.gpus)
+        if self.nproc:
+            return f"{self.device or 'cpu'} x{self.nproc}"
+        return self.device or ""
+
+    @property
+    def resumable(self) -> bool:
+        return (self.kind == "run" and not self.live and self.has_checkpoint
+                and self.state in ("stopped", "failed", INTERRUPTED, "completed"))
+
+
+class _LossScan:
+    """The lowest mean-over-ranks training loss of a metrics.jsonl, read incrementally."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.tail = MetricsTail(run_dir)
+        self.best: float | None = None
+
+    def update(self) -> float | None:
+        for m in self.tail.poll():
+            if m.get("type") != "metrics":
+                continue
+            losses = [r.get("loss") for r in m.get("ranks", []) if isinstance(r, dict)]
+            values = [float(v) for v in losses if isinstance(v, int | float)
+                      and math.isfinite(v)]
+            if values:
+                mean = sum(values) / len(values)
+                if self.best is None or mean < self.best:
+                    self.best = mean
+        return self.best
+
+
+class RunIndex:
+    """The runs under one folder. :meth:`refresh` rescans (cheap: two small JSON files per run;
+    metrics.jsonl is read only where it grew since the last call)."""
+
+    def __init__(self, runs_dir: str | os.PathLike[str]) -> None:
+        self.runs_dir = Path(runs_dir)
+        self._scans: dict[Path, _LossScan] = {}
+
+    def refresh(self) -> list[RunSummary]:
+        """Every run and sweep group, newest first."""
+        out: list[RunSummary] = []
+        seen: set[Path] = set()
+        try:
+            entries = list(os.scandir(self.runs_dir))
+        except OSError:
+            entries = []
+        for entry in entries:
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            if is_group(path):
+                out.append(self._group(path, seen))
+            elif is_run_dir(path):
+                out.append(self.summarize(path))
+                seen.add(path)
+        for gone in set(self._scans) - seen:
+            del self._scans[gone]
+        out.sort(key=lambda s: (s.started or 0.0, s.name), reverse=True)
+        return out
+
+    def summarize_any(self, path: Path) -> RunSummary:
+        """The summary of one run folder or sweep group folder."""
+        return self._group(path, set()) if is_group(path) else self.summarize(path)
+
+    def summarize(self, path: Path) -> RunSummary:
+        """One run folder's summary."""
+        status = read_status(path)
+        config = read_json(path / CONFIG_FILE)
+        config = config if isinstance(config, dict) else {}
+        s = RunSummary(path=path)
+        s.model = config.get("model")
+        s.dataset = config.get("dataset")
+        s.device = config.get("device")
+        s.nproc = config.get("nproc")
+        s.gpus = config.get("gpus")
+        s.parent = parent_run(config)
+        s.has_checkpoint = (path / "checkpoints" / "last.pt").is_file()
+        if status:
+            s.state = str(status.get("state") or "unknown")
+            s.step = status.get("step")
+            s.total_steps = status.get("total_steps")
+            s.started = status.get("started")
+            s.ended = status.get("ended")
+            s.updated = status.get("updated")
+            s.reason = status.get("reason")
+            s.nproc = status.get("nproc") or s.nproc
+            s.device = status.get("device") or s.device
+            val = (status.get("last_eval") or {}).get("val_loss")
+            s.val_loss = float(val) if isinstance(val, int | float) else None
+        if s.state not in FINAL_STATES:
+            s.live = owner_process(path, status) is not None
+            if s.live and not status:
+                s.state = "running"  # plain torchrun: only rank 0's server says so
+            elif not s.live and status:
+                s.state = INTERRUPTED
+                s.reason = s.reason or ("its launcher is gone (killed, or the machine "
+                                        "restarted) without recording how the run ended")
+        if s.started is None:
+            with contextlib.suppress(OSError):
+                s.started = path.stat().st_mtime
+        scan = self._scans.get(path)
+        if scan is None:
+            scan = self._scans[path] = _LossScan(path)
+        s.best_loss = scan.update()
+        return s
+
+    def _group(self, path: Path, seen: set[Path]) -> RunSummary:
+        data = read_json(path / GROUP_FILE)
+        data = data if isinstance(data, dict) else {}
+        s = RunSummary(path=path, kind=str(data.get("kind") or "group"))
+        config: dict[str, Any] = data["config"] if isinstance(data.get("config"), dict) else {}
+        s.model = config.get("model")
+        s.dataset = config.get("dataset")
+        s.device = data.get("device") or config.get("device")
+        counts = [c for c in data.get("counts") or [] if isinstance(c, int)]
+        s.nproc = max(counts) if counts else None
+        s.state = str(data.get("state") or "unknown")
+        s.started = data.get("started")
+        s.ended = data.get("ended")
+        s.reason = data.get("reason")
+        s.total_steps = data.get("steps")
+        if s.state not in FINAL_STATES:
+            s.live = process_if_alive(data.get("sweep_pid"), s.started) is not None
+            if not s.live:
+                s.state = INTERRUPTED
+        for child in sorted(p for p in path.iterdir() if is_run_dir(p)):
+            s.children.append(self.summarize(child))
+            seen.add(child)
+        losses = [c.best_loss for c in s.children if c.best_loss is not None]
+        s.best_loss = min(losses) if losses else None
+        return s
+
+
+def find(summaries: list[RunSummary], path: Path) -> RunSummary | None:
+    """The summary of ``path`` among ``summaries`` and their children."""
+    for s in summaries:
+        if s.path == path:
+            return s
+        hit = find(s.children, path)
+        if hit is not None:
+            return hit
+    return None

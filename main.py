@@ -1,4 +1,4 @@
-"""Start the Rankscope desktop app: ``python main.py [--runs-dir DIR] [--config FILE.toml]``."""
+"""The Rankscope desktop app: ``python main.py [--runs-dir DIR] [--config FILE] [--start]``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rankscope", description="Rankscope desktop app")
     parser.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
     parser.add_argument("--config", help="a TOML preset to fill the launch form with")
+    parser.add_argument("--start", action="store_true",
+                        help="start the run at once (the --config preset, else the last form)")
     parser.add_argument("--stop-grace-s", type=float, default=30.0, metavar="S",
                         help="after Stop, seconds to wait for the agreed stop before SIGTERM "
                         "(then SIGKILL 10 s later); default 30")
@@ -36,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     notifier.activated.connect(lambda *_: wake_r.recv(64))
     window = MainWindow(runs_dir=args.runs_dir, preset=args.config, grace_s=args.stop_grace_s)
     window.show()
+    if args.start:
+        window.start_run()
     return app.exec()
 
 

@@ -9,16 +9,9 @@ from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QProgressBar, QV
 
 from app.charts.panels import DevicePanel, LossPanel, SyncPanel, ThroughputPanel
 from app.metric_store import MetricStore
+from ddp_engine.runs import fmt_duration
 
 REDRAW_MS = 33  # at most ~30 redraws a second, however fast messages arrive
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None or seconds < 0:
-        return "?"
-    m, s = divmod(int(seconds + 0.5), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 class Dashboard(QWidget):

@@ -113,7 +113,9 @@ class LaunchPanel(QWidget):
     def __init__(self, runs_dir: str = "runs", gpus: list[GpuInfo] | None = None) -> None:
         super().__init__()
         self.fields: dict[str, QWidget] = {}
-        self._extra: dict[str, Any] = {}  # model_args / dataset_args from a preset
+        # Fields the form does not show (model_args, eval_every, ...) from a preset or a resumed
+        # run's config: kept as they were, so nothing the user set is lost.
+        self._extra: dict[str, Any] = {}
         self.model = SpecField("model", [*BUILTIN_MODELS, CUSTOM], {CUSTOM: ""})
         self.dataset = SpecField("dataset", DATASET_CHOICES,
                                  {"text file...": "text:", "image folder...": "imagefolder:",
@@ -134,11 +136,16 @@ class LaunchPanel(QWidget):
         self.name = QLineEdit()
         self.name.setPlaceholderText("automatic: <model>-<dataset>")
         self.runs_dir = QLineEdit(runs_dir)
+        self.resume = QLineEdit()
+        self.resume.setPlaceholderText("none: start from scratch")
+        self.resume.setToolTip("continue from this checkpoint (a run's checkpoints/last.pt); "
+                               "Resume... in the Runs panel fills it in")
         self.devices = DevicePicker(gpus)
         for key, widget in (("model", self.model), ("dataset", self.dataset),
                             ("loss", self.loss), ("lr", self.lr), ("optimizer", self.optimizer),
                             ("precision", self.precision), ("name", self.name),
-                            ("runs_dir", self.runs_dir), ("nproc", self.devices.count),
+                            ("runs_dir", self.runs_dir), ("resume", self.resume),
+                            ("nproc", self.devices.count),
                             ("gpus", self.devices.table), ("device", self.devices)):
             widget.setObjectName(key)
             self.fields[key] = widget
@@ -158,6 +165,7 @@ class LaunchPanel(QWidget):
         form.addRow("Seed", self.seed)
         form.addRow("Run name", self.name)
         form.addRow("Runs folder", self.runs_dir)
+        form.addRow("Resume from", self.resume)
         training = QGroupBox("Training")
         training.setLayout(form)
         devices = QGroupBox("Devices")
@@ -183,7 +191,7 @@ class LaunchPanel(QWidget):
 
         for w in (self.model, self.dataset, self.loss, self.devices):
             w.changed.connect(self.validate)
-        for line in (self.lr, self.name, self.runs_dir):
+        for line in (self.lr, self.name, self.runs_dir, self.resume):
             line.textChanged.connect(self.validate)
         for combo in (self.optimizer, self.precision):
             combo.currentTextChanged.connect(self.validate)
@@ -218,6 +226,7 @@ class LaunchPanel(QWidget):
             "precision": self.precision.currentText(), "grad_accum": self.grad_accum.value(),
             "checkpoint_every": self.checkpoint_every.value(), "seed": self.seed.value(),
             "name": self.name.text().strip() or None, "runs_dir": self.runs_dir.text().strip(),
+            "resume": self.resume.text().strip() or None,
         }
         out.update(self.devices.config_values())
         return out
@@ -238,7 +247,9 @@ class LaunchPanel(QWidget):
         self.seed.setValue(cfg.seed)
         self.name.setText(cfg.name or "")
         self.runs_dir.setText(cfg.runs_dir)
-        self._extra = {k: getattr(cfg, k) for k in ("model_args", "dataset_args")}
+        self.resume.setText(cfg.resume or "")
+        shown = set(self.values()) | {"device", "nproc", "gpus", "run_dir", "dry_run"}
+        self._extra = {k: v for k, v in cfg.to_dict().items() if k not in shown}
         if self.devices.has_gpus:
             self.devices.set_gpus(cfg.gpus)
         elif cfg.nproc:

@@ -18,26 +18,36 @@ from pathlib import Path
 
 import psutil
 
+from ddp_engine.child_env import build_env
 
-def build_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """A fresh environment for one launch (the app's own os.environ is never changed)."""
-    env = dict(os.environ if base is None else base)
-    env["PYTHONUNBUFFERED"] = "1"
-    repo = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("QT_QPA_PLATFORM", None)  # the run has no window
-    return env
+__all__ = ["LauncherProcess", "build_env"]
 
 
 class LauncherProcess:
-    """One ``python -m ddp_engine launch`` child and every process it was seen to start."""
+    """One ``python -m ddp_engine launch`` child and every process it was seen to start.
 
-    def __init__(self, config_path: Path, log_path: Path, env: dict[str, str]) -> None:
-        self.argv = [sys.executable, "-m", "ddp_engine", "launch", "--config", str(config_path)]
+    :meth:`adopt` takes over a launcher this app did not start (an earlier app instance's, or
+    one started in a terminal): it is watched and signalled the same way, but its exit code is
+    unknown (status.json says how the run ended).
+    """
+
+    def __init__(self, config_path: Path, log_path: Path, env: dict[str, str],
+                 argv: list[str] | None = None) -> None:
+        self.argv = argv or [sys.executable, "-m", "ddp_engine", "launch", "--config",
+                             str(config_path)]
         self.log_path = log_path
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
+        self.adopted: psutil.Process | None = None
         self.seen: dict[int, psutil.Process] = {}
+
+    @classmethod
+    def adopt(cls, process: psutil.Process) -> LauncherProcess:
+        """Watch a running launcher that is not this app's child."""
+        self = cls(Path(), Path(), {}, argv=["<adopted>"])
+        self.adopted = process
+        self._remember([process.pid])
+        return self
 
     def start(self) -> int:
         with open(self.log_path, "ab") as log:
@@ -49,18 +59,31 @@ class LauncherProcess:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        if self.proc is not None:
+            return self.proc.pid
+        return self.adopted.pid if self.adopted is not None else None
 
     def poll(self) -> int | None:
-        """The launcher's exit code once it has ended, else None."""
+        """The launcher's exit code once it has ended, else None (an adopted launcher's code
+        is unknown: see :meth:`ended`)."""
         return self.proc.poll() if self.proc is not None else None
+
+    def ended(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is not None
+        if self.adopted is None:
+            return True
+        try:
+            return self.adopted.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
 
     def remember_tree(self, extra_pids: Iterable[int] = ()) -> None:
         """Note the launcher's descendants and ``extra_pids`` (rank pids from status.json)."""
         pids = list(extra_pids)
-        if self.proc is not None:
+        if self.pid is not None:
             with contextlib.suppress(psutil.Error):
-                pids += [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+                pids += [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
         self._remember(pids)
 
     def _remember(self, pids: Iterable[int]) -> None:
@@ -70,11 +93,17 @@ class LauncherProcess:
                     self.seen[pid] = psutil.Process(pid)
 
     def signal_group(self, sig: int) -> None:
-        """Send ``sig`` to the launcher's process group (tolerates it being gone)."""
-        if self.proc is None:
+        """Send ``sig`` to the launcher's process group (tolerates it being gone). A launcher
+        that does not lead its own group (started in a terminal) gets it alone, so its shell's
+        job is not hit."""
+        pid = self.pid
+        if pid is None or self.ended():
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
 
     def kill_all(self) -> None:
         """SIGKILL the launcher's group and every process of the run still alive."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,23 +11,31 @@ from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
+    QFileDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
     QScrollArea,
     QTabWidget,
     QToolBar,
+    QWidget,
 )
 
 from app.launch_panel import LaunchPanel
 from app.logs_view import LogsView
 from app.metric_store import MetricStore
 from app.run_controller import RunController
+from app.runs_panel import RunsPanel
 from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.devices import GpuInfo
+from ddp_engine.run_dir import CONFIG_FILE, read_json
+from ddp_engine.runs import RunSummary
+from ddp_engine.sweep import is_group
 
 if TYPE_CHECKING:
+    from app.compare import CompareView
     from app.dashboard import Dashboard
+    from app.scaling import ScalingView
 
 SETTINGS_KEY = "last_form"
 DASHBOARD_DELAY_MS = 50
@@ -44,11 +53,22 @@ class MainWindow(QMainWindow):
         self.controller = RunController(self, grace_s=grace_s)
         self.panel = LaunchPanel(runs_dir=runs_dir, gpus=gpus)
         self._dashboard: Dashboard | None = None
+        self._compare: CompareView | None = None
+        self._scaling: ScalingView | None = None
         self.logs = LogsView()
         self.tabs = QTabWidget()
         self.tabs.addTab(QLabel("loading the charts..."), "Dashboard")
         self.tabs.addTab(self.logs, "Logs")
+        self.tabs.addTab(QLabel(""), "Scaling")  # built on first use (pyqtgraph)
+        self.tabs.currentChanged.connect(self._tab_shown)
         self.setCentralWidget(self.tabs)
+        self.runs = RunsPanel(runs_dir)
+        runs_dock = QDockWidget("Runs", self)
+        runs_dock.setObjectName("runs_dock")
+        runs_dock.setWidget(self.runs)
+        runs_dock.setFeatures(QDockWidget.DockWidgetFeature.NoDockWidgetFeatures)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, runs_dock)
+        self.launch_dock_widget: QDockWidget | None = None
         scroll = QScrollArea()
         scroll.setWidget(self.panel)
         scroll.setWidgetResizable(True)
@@ -57,6 +77,7 @@ class MainWindow(QMainWindow):
         dock.setWidget(scroll)
         dock.setFeatures(QDockWidget.DockWidgetFeature.NoDockWidgetFeatures)
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
+        self.launch_dock_widget = dock
 
         self.start_action = QAction("Start", self)
         self.start_action.setShortcut(QKeySequence("F5"))
@@ -84,6 +105,13 @@ class MainWindow(QMainWindow):
         self.controller.notice.connect(self.message_label.setText)
         self.controller.finished.connect(self._on_finished)
         self.last_result: dict[str, Any] | None = None
+        self.viewing: Path | None = None  # the run whose charts the dashboard shows
+        self.runs.open_requested.connect(self.open_run)
+        self.runs.compare_requested.connect(self.compare_runs)
+        self.runs.resume_requested.connect(self.resume_from)
+        self.runs.export_requested.connect(self._export_dialog)
+        self._reattach_pending = True
+        self.runs.scanned.connect(self._reattach_on_start)
 
         # The charts (pyqtgraph: a third of the start-up time) are built just after the first
         # frame, so the window appears sooner; anything that needs them builds them at once.
@@ -105,13 +133,56 @@ class MainWindow(QMainWindow):
             from app.dashboard import Dashboard
 
             self._dashboard = Dashboard(self.store)
-            current = self.tabs.currentIndex()
-            placeholder = self.tabs.widget(0)
-            self.tabs.removeTab(0)
-            placeholder.deleteLater()
-            self.tabs.insertTab(0, self._dashboard, "Dashboard")
-            self.tabs.setCurrentIndex(current)
+            self._replace_tab(0, self._dashboard, "Dashboard")
         return self._dashboard
+
+    def _replace_tab(self, index: int, widget: QWidget, title: str) -> None:
+        """Put a built widget where its placeholder tab was (the current tab stays)."""
+        current = self.tabs.currentIndex()
+        self.tabs.blockSignals(True)
+        placeholder = self.tabs.widget(index)
+        self.tabs.removeTab(index)
+        placeholder.deleteLater()
+        self.tabs.insertTab(index, widget, title)
+        self.tabs.setCurrentIndex(current)
+        self.tabs.blockSignals(False)
+
+    @property
+    def scaling(self) -> ScalingView:
+        if self._scaling is None:
+            from app.scaling import ScalingView
+
+            self._scaling = ScalingView()
+            self._scaling.start_button.clicked.connect(self.start_sweep)
+            self._scaling.started.connect(lambda _g: self.runs.refresh())
+            self._replace_tab(2, self._scaling, "Scaling")
+        return self._scaling
+
+    def _tab_shown(self, index: int) -> None:
+        if index == 2 and self._scaling is None:
+            _ = self.scaling
+
+    def start_sweep(self) -> Path | None:
+        """Run the launch form's config on 1, 2, ... N devices (Scaling tab)."""
+        try:
+            cfg = self.panel.config()
+            group = self.scaling.start(cfg, gpu_count=len(self.panel.devices.gpus),
+                                       cpu_count=self.panel.devices.cpus)
+        except ConfigError as e:
+            self.scaling.label.setText(f"not started: {e}")
+            return None
+        self.runs.set_runs_dir(group.parent)
+        self.tabs.setCurrentWidget(self.scaling)
+        return group
+
+    @property
+    def compare(self) -> CompareView:
+        if self._compare is None:
+            from app.compare import CompareView
+
+            self._compare = CompareView()
+            self.tabs.addTab(self._compare, "Compare")
+        return self._compare
 
     # ------------------------------------------------------------------------------ actions
     def start_run(self) -> Path | None:
@@ -125,9 +196,120 @@ class MainWindow(QMainWindow):
         self._save_form(cfg)
         self.dashboard.reset()
         run_dir = self.controller.start(cfg)
+        self._viewing(run_dir)
+        self.runs.set_runs_dir(run_dir.parent if not cfg.run_dir else self.runs.runs_dir)
+        self.runs.refresh()
+        return run_dir
+
+    def _viewing(self, run_dir: Path) -> None:
+        self.viewing = run_dir
         self.logs.follow(run_dir)
         self.setWindowTitle(f"Rankscope - {run_dir.name}")
-        return run_dir
+        self.tabs.setCurrentWidget(self.dashboard)
+
+    # ------------------------------------------------------------------------------ runs
+    def open_run(self, path: Path | str) -> str:
+        """Show a run: attach to it if it is live (Stop then works on it), else draw its record
+        from metrics.jsonl. A run being watched is left training. Returns "live", "record" or
+        "group" (a scaling sweep: its own tab)."""
+        path = Path(path).resolve()
+        if is_group(path):
+            self.scaling.show_group(path)
+            self.tabs.setCurrentWidget(self.scaling)
+            return "group"
+        if self.controller.active:
+            if self.controller.run_dir == path:
+                self.tabs.setCurrentWidget(self.dashboard)
+                return "live"
+            left = self.controller.run_dir
+            self.controller.detach()
+            self.message_label.setText(f"{left.name if left else 'the run'} keeps training "
+                                       "in the background (Runs panel: live)")
+        self.dashboard.reset()
+        if self.controller.attach(path):
+            self._viewing(path)
+            return "live"
+        self.store.load_run(path)
+        self._viewing(path)
+        state = self.store.info.state
+        self.message_label.setText(f"{path.name}: {state} at step {self.store.info.step} "
+                                   "(from its record)")
+        return "record"
+
+    def _reattach_on_start(self, summaries: list[RunSummary]) -> None:
+        """On the first scan after start-up: attach to the newest live run, so a run left by a
+        closed (or killed) window is shown again."""
+        if not self._reattach_pending:
+            return
+        self._reattach_pending = False
+        if self.controller.active or self.viewing is not None:
+            return
+        live = [s for s in _flatten(summaries) if s.live and s.kind == "run"]
+        if live:
+            newest = max(live, key=lambda s: s.started or 0.0)
+            self.open_run(newest.path)
+            self.message_label.setText(
+                f"re-attached to the live run {newest.name}"
+                + (f" ({len(live) - 1} more live in the Runs panel)" if len(live) > 1 else ""))
+
+    def compare_runs(self, paths: list[Path]) -> None:
+        self.compare.set_runs([Path(p) for p in paths])
+        self.tabs.setCurrentWidget(self.compare)
+
+    def resume_from(self, path: Path | str) -> RunConfig | None:
+        """Fill the launch form with a stopped or failed run's config, resuming from its last
+        checkpoint into a new run folder (linked to this one); the user edits and presses
+        Start."""
+        path = Path(path).resolve()
+        ckpt = path / "checkpoints" / "last.pt"
+        data = read_json(path / CONFIG_FILE)
+        if not isinstance(data, dict) or not ckpt.is_file():
+            self.message_label.setText(f"cannot resume {path.name}: it has no config.json and "
+                                       "checkpoints/last.pt")
+            return None
+        try:
+            cfg = RunConfig.from_dict(data, source=str(path / CONFIG_FILE))
+        except ConfigError as e:
+            self.message_label.setText(f"cannot resume {path.name}: {e}")
+            return None
+        cfg = dataclasses.replace(cfg, resume=str(ckpt), run_dir=None, dry_run=False,
+                                  runs_dir=str(self.runs.runs_dir))
+        self.panel.set_config(cfg)
+        if self.launch_dock_widget is not None:
+            self.launch_dock_widget.raise_()
+        self.message_label.setText(f"resume of {path.name} from step "
+                                   f"{(read_json(path / 'status.json') or {}).get('step', '?')}"
+                                   " loaded in the form: edit if needed, then Start (F5)")
+        return cfg
+
+    def export_run(self, path: Path, kind: str, dest: Path | None = None) -> Path | None:
+        """Export a run's metrics as CSV (to ``dest``) or TensorBoard event files (under
+        ``dest``, default RUN/tensorboard). Returns what was written; errors go to the status
+        bar."""
+        from app import export
+
+        try:
+            if kind == "csv":
+                out = Path(dest or path / "metrics.csv")
+                rows = export.export_csv(path, out)
+                self.message_label.setText(f"{rows} rows written to {out}")
+                return out
+            out = export.export_tensorboard(path, dest)
+            self.message_label.setText(f"TensorBoard events written: tensorboard --logdir "
+                                       f"{out.parent}")
+            return out
+        except (OSError, ValueError, RuntimeError) as e:
+            self.message_label.setText(f"not exported: {e}")
+            return None
+
+    def _export_dialog(self, path: Path, kind: str) -> None:
+        if kind == "csv":
+            dest, _ = QFileDialog.getSaveFileName(self, "Export CSV",
+                                                  str(Path(path) / "metrics.csv"), "CSV (*.csv)")
+            if dest:
+                self.export_run(Path(path), "csv", Path(dest))
+        else:
+            self.export_run(Path(path), kind)
 
     def _update_actions(self, *_: object) -> None:
         active = self.controller.active
@@ -184,6 +366,7 @@ class MainWindow(QMainWindow):
                 self._save_form(self.panel.config())
             except ConfigError:
                 pass
+            self.runs.stop_watching()
             event.accept()
             return
         box = QMessageBox(self)
@@ -196,6 +379,7 @@ class MainWindow(QMainWindow):
         clicked = box.clickedButton()
         if clicked is leave:
             self.controller.detach()
+            self.runs.stop_watching()
             event.accept()
         elif clicked is stop:
             self.controller.stop()
@@ -203,3 +387,11 @@ class MainWindow(QMainWindow):
             self.controller.finished.connect(lambda _r: self.close())
         else:
             event.ignore()
+
+
+def _flatten(summaries: list[RunSummary]) -> list[RunSummary]:
+    out = []
+    for s in summaries:
+        out.append(s)
+        out.extend(_flatten(s.children))
+    return out

@@ -8,6 +8,7 @@ bounded however long the run is.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Iterable
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from ddp_engine.run_dir import FINAL_STATES, iter_metrics, read_status
 
 RANK_FIELDS: tuple[str, ...] = (
     "loss", "step_time_s", "samples_per_s", "data_wait_s", "forward_s", "backward_s",
@@ -90,9 +93,23 @@ class MetricStore:
         self.series: dict[tuple[int, str], Series] = {}
         self.val_loss = Series(self.capacity)
         self.total_samples_per_s = Series(self.capacity)
+        self.mean_loss = Series(self.capacity)  # over ranks, per report
+        self.report_time = Series(self.capacity)  # Unix time of each report, by step
         self.info = RunInfo()
         self.events: list[dict[str, Any]] = []
         self.version = 0  # bumped on every change: charts redraw only when it moved
+
+    def load_run(self, run_dir: str | os.PathLike[str]) -> None:
+        """Replace the contents with a run's record: metrics.jsonl, and its state from
+        status.json (a run folder that is not live)."""
+        self.clear()
+        self.add_many(iter_metrics(run_dir))
+        status = read_status(run_dir) or {}
+        if status.get("state") in FINAL_STATES:
+            self.info.state = str(status["state"])
+        self.info.world_size = max(self.info.world_size, int(status.get("world_size") or 0))
+        self.info.total_steps = self.info.total_steps or status.get("total_steps")
+        self.version += 1
 
     def get(self, rank: int, name: str) -> Series:
         key = (rank, name)
@@ -133,6 +150,7 @@ class MetricStore:
         info.epoch = int(m.get("epoch", info.epoch))
         info.total_steps = m.get("total_steps", info.total_steps)
         total = 0.0
+        losses = []
         for r in m.get("ranks", []):
             rank = int(r["rank"])
             info.devices[rank] = str(r.get("device", ""))
@@ -140,7 +158,11 @@ class MetricStore:
                 if name in r:
                     self.get(rank, name).append(step, r[name])
             total += r.get("samples_per_s") or 0.0
+            if isinstance(r.get("loss"), int | float):
+                losses.append(float(r["loss"]))
         self.total_samples_per_s.append(step, total)
+        self.mean_loss.append(step, float(np.nanmean(losses)) if losses else None)
+        self.report_time.append(step, now)
         info.world_size = max(info.world_size, len(m.get("ranks", [])))
 
     def _event(self, e: dict[str, Any]) -> None:

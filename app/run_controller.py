@@ -32,6 +32,7 @@ from ddp_engine.run_dir import (
     read_status,
     tail_lines,
 )
+from ddp_engine.runs import owner_process
 
 ACTIVE_STATES = ("starting", "running", "stopping")
 
@@ -91,12 +92,36 @@ class RunController(QObject):
         self._set_state("starting")
         pid = self.launcher.start()
         self.notice.emit(f"launcher started (pid {pid}), run folder {run_dir}")
+        self._watch(run_dir)
+        return run_dir
+
+    def attach(self, run_dir: Path) -> bool:
+        """Watch a live run this app did not start (an earlier app's, or a terminal's), with
+        its full history, and make Stop work on it as on a run started here. False when the
+        run is not live."""
+        if self.active:
+            raise RuntimeError("a run is already active")
+        run_dir = Path(run_dir).resolve()
+        status = read_status(run_dir)
+        owner = owner_process(run_dir, status)
+        if owner is None:
+            return False
+        self.run_dir = run_dir
+        self.launcher = LauncherProcess.adopt(owner)
+        self._stop_phase = 0
+        self._set_state("starting")
+        if status and status.get("state") in ("running", "stopping"):
+            self._set_state(str(status["state"]))
+        self.notice.emit(f"attached to {run_dir.name} (launcher pid {owner.pid})")
+        self._watch(run_dir)
+        return True
+
+    def _watch(self, run_dir: Path) -> None:
         self.client = TelemetryClient(run_dir)
         self.client.welcomed.connect(self.welcomed)
         self.client.messages.connect(self._on_messages)
         self.client.start()
         self._timer.start()
-        return run_dir
 
     def _on_messages(self, batch: list[dict[str, Any]]) -> None:
         self.messages.emit(batch)
@@ -142,13 +167,13 @@ class RunController(QObject):
         if self.client is not None:
             self.client.request_stop()
             self.client.wait(3000)
-        if self.launcher is not None:
+        if self.launcher is not None and self.launcher.proc is not None:  # our child: reap it
             self._detached.append(self.launcher)
             self._reaper.start()
         self._set_state("idle")
 
     def _reap_detached(self) -> None:
-        self._detached = [p for p in self._detached if p.poll() is None]
+        self._detached = [p for p in self._detached if not p.ended()]
         if not self._detached:
             self._reaper.stop()
 
@@ -167,13 +192,12 @@ class RunController(QObject):
             self._set_state("running")
         if self._stop_phase:
             self._escalate()
-        code = self.launcher.poll()
-        if code is None:
+        if not self.launcher.ended():
             return False
-        self._finish(code, status)
+        self._finish(self.launcher.poll(), status)
         return True
 
-    def _finish(self, code: int, status: dict[str, Any]) -> None:
+    def _finish(self, code: int | None, status: dict[str, Any]) -> None:
         self._timer.stop()
         assert self.launcher is not None and self.run_dir is not None
         status = read_status(self.run_dir) or status
@@ -181,7 +205,8 @@ class RunController(QObject):
         if state not in FINAL_STATES:
             state = "failed"
             status["reason"] = status.get("reason") or (
-                f"the launcher exited with code {code} before the run ended"
+                (f"the launcher exited with code {code}" if code is not None else
+                 f"the launcher (pid {self.launcher.pid}) ended") + " before the run ended"
                 + (f": {' / '.join(tail_lines(self.run_dir / 'launcher.log', 3))}"
                    if (self.run_dir / "launcher.log").exists() else ""))
         status["state"] = state

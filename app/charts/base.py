@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+
+from app.export import export_chart
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf"]
@@ -28,6 +33,9 @@ class Chart(pg.PlotWidget):
         self.legend = self.addLegend(offset=(-10, 10))
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.setClipToView(True)
+        menu = self.getPlotItem().getViewBox().menu
+        menu.addSeparator()
+        menu.addAction("Save chart as PNG or SVG...").triggered.connect(self._save_dialog)
 
     def curve(self, name: str, color_hex: str, dashed: bool = False) -> pg.PlotDataItem:
         if name not in self.curves:
@@ -49,3 +57,17 @@ class Chart(pg.PlotWidget):
         if item is None or item.xData is None:
             return 0
         return len(item.xData)
+
+    def _save_dialog(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        title = self.getPlotItem().titleLabel.text or "chart"
+        name = "".join(c if c.isalnum() else "_" for c in title).strip("_").lower() or "chart"
+        path, _ = QFileDialog.getSaveFileName(self, "Save chart", f"{name}.png",
+                                              "PNG (*.png);;SVG (*.svg)")
+        if path:
+            self.export(path)
+
+    def export(self, path: str | os.PathLike[str], width: int | None = None) -> Path:
+        """Save this chart as PNG or SVG, by the suffix of ``path`` (see app.export)."""
+        return export_chart(self, path, width=width)

@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QLabel
 
 from app.main_window import MainWindow
 from ddp_engine.run_dir import read_rank_files, read_status
+from tests.app.conftest import open_window
 from tests.conftest import REPO, processes_mentioning, wait_for
 
 FAULTY = REPO / "tests" / "ddp_engine" / "plugins" / "faulty.py"
@@ -19,10 +19,7 @@ FAULTY = REPO / "tests" / "ddp_engine" / "plugins" / "faulty.py"
 
 @pytest.fixture
 def window(qtbot, tmp_path: Path):
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(runs_dir=str(tmp_path / "runs"), settings=settings, gpus=[])
-    qtbot.addWidget(w)
-    w.show()
+    w = open_window(qtbot, tmp_path, tmp_path / "runs")
     yield w
     if w.controller.active:
         w.controller.stop()

@@ -1,0 +1,222 @@
+"""The Runs panel and what it leads to: open, re-attach, compare, resume, export, delete."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from PySide6.QtWidgets import QMessageBox
+
+from app.main_window import MainWindow
+from ddp_engine.run_dir import read_rank_files, read_status
+from ddp_engine.runs import RunIndex
+from tests.app.conftest import open_window
+from tests.conftest import (
+    REPO,
+    endless_run,
+    engine_env,
+    make_run_folder,
+    processes_mentioning,
+    run_engine,
+    wait_for,
+)
+
+SLOW_LOSS = f"{REPO / 'tests' / 'ddp_engine' / 'plugins' / 'faulty.py'}:slow"
+
+
+def _scanned(qtbot, w: MainWindow) -> None:
+    """Wait for a scan that started after now."""
+    before = w.runs.scans
+    w.runs.refresh()
+    qtbot.waitUntil(lambda: w.runs.scans >= before + 2, timeout=10_000)
+
+
+def _names(w: MainWindow) -> list[str]:
+    tree = w.runs.tree
+    return [tree.topLevelItem(i).text(0) for i in range(tree.topLevelItemCount())]
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    d = tmp_path / "runs"
+    d.mkdir()
+    make_run_folder(d, "first", state="completed", started=1_000.0, steps=30)
+    make_run_folder(d, "second", state="stopped", started=2_000.0, steps=50,
+                    losses=lambda step, rank: 1.0 + rank + 1.0 / step)
+    make_run_folder(d, "third", state="failed", started=3_000.0, steps=20)
+    return d
+
+
+def test_the_panel_lists_every_run_newest_first_and_keeps_up(qtbot, tmp_path: Path,
+                                                            runs: Path) -> None:
+    w = open_window(qtbot, tmp_path, runs)
+    _scanned(qtbot, w)
+    assert _names(w) == ["third", "second", "first"]
+    second = w.runs.item(runs / "second")
+    assert second.text(1) == "stopped" and second.text(4) == "cpu x2"
+    assert second.text(5) == "50/50" and second.text(6) == "1.52"  # mean of 1+1/50 and 2+1/50
+    w.runs.select([runs / "second"])
+    make_run_folder(runs, "fourth", state="running", launcher_pid=os.getpid(),
+                    started=psutil.Process().create_time() + 0.5)
+    _scanned(qtbot, w)
+    assert _names(w)[0] == "fourth" and w.runs.item(runs / "fourth").text(1) == "running (live)"
+    assert [s.name for s in w.runs.selected()] == ["second"]  # the selection survived
+    assert not w.viewing  # only the first scan after start-up attaches a live run
+
+
+def test_opening_a_finished_run_draws_its_record(qtbot, tmp_path: Path, runs: Path) -> None:
+    w = open_window(qtbot, tmp_path, runs)
+    assert w.open_run(runs / "second") == "record"
+    assert w.store.info.step == 50 and w.store.info.state == "stopped"
+    assert not w.controller.active and not w.stop_action.isEnabled()
+    w.dashboard.redraw()
+    assert w.dashboard.loss.chart.points("rank 1") == 5
+    assert w.windowTitle() == "Rankscope - second"
+    assert "stopped at step 50" in w.message_label.text()
+
+
+def test_delete_asks_first_and_never_deletes_a_live_run(qtbot, tmp_path: Path,
+                                                        runs: Path) -> None:
+    w = open_window(qtbot, tmp_path, runs)
+    live = make_run_folder(runs, "live", state="running", launcher_pid=os.getpid(),
+                           started=psutil.Process().create_time() + 0.5)
+    _scanned(qtbot, w)
+    w.runs.select([runs / "first"])
+    w.runs.confirm_delete()
+    w.runs.confirm_box.button(QMessageBox.StandardButton.Cancel).click()
+    assert (runs / "first").exists()
+    w.runs.confirm_delete()
+    assert "first" in w.runs.confirm_box.text()
+    w.runs.confirm_box.button(QMessageBox.StandardButton.Yes).click()
+    assert not (runs / "first").exists()
+    _scanned(qtbot, w)
+    assert "first" not in _names(w)
+    w.runs.select([live, runs / "third"])
+    assert not w.runs.buttons["delete"].isEnabled()
+    w.runs.confirm_delete()
+    assert "live is live; stop it first" in w.runs.folder.text()
+    assert live.exists() and (runs / "third").exists()
+
+
+def test_compare_overlays_runs_by_step_or_by_time(qtbot, tmp_path: Path, runs: Path) -> None:
+    w = open_window(qtbot, tmp_path, runs)
+    w.compare_runs([runs / "first", runs / "second"])
+    view = w.compare
+    assert w.tabs.currentWidget() is view
+    assert view.loss.points("first") == 3 and view.loss.points("second") == 5
+    x, y = view.loss.curves["second"].getData()
+    assert list(x) == [10, 20, 30, 40, 50] and y[0] == pytest.approx(1.6)
+    view.axis.setCurrentText("time since start (s)")
+    x, _ = view.throughput.curves["first"].getData()
+    assert list(x) == [10, 20, 30]  # seconds after run_start, from the fixtures' clocks
+    _, thr = view.throughput.curves["first"].getData()
+    assert list(thr) == [300.0, 300.0, 300.0]  # 100 + 200 samples/s
+
+
+def test_exports_from_theopen_window(qtbot, tmp_path: Path, runs: Path) -> None:
+    w = open_window(qtbot, tmp_path, runs)
+    out = w.export_run(runs / "first", "csv", tmp_path / "first.csv")
+    rows = list(csv.DictReader(open(out)))
+    assert len(rows) == 3 * 2 + 1 and rows[0]["rank"] == "0" and rows[-1]["val_loss"] == "0.5"
+    assert w.export_run(tmp_path / "missing", "csv", tmp_path / "x.csv") is None
+    assert "metrics.jsonl" in w.message_label.text() and "missing" in w.message_label.text()
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    event_file = w.export_run(runs / "first", "tensorboard")
+    acc = EventAccumulator(str(event_file))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss/rank0")] == [10, 20, 30]
+    w.dashboard.loss.chart.export(tmp_path / "loss.svg")
+    assert (tmp_path / "loss.svg").read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.slow
+def test_a_terminal_run_is_reattached_at_start_with_its_history_and_stopped(
+        qtbot, tmp_path: Path) -> None:
+    with endless_run(tmp_path, "--log-every", "5") as (_proc, run_dir):
+        wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) >= 30, 120,
+                 "the terminal run to train 30 steps")
+        w = open_window(qtbot, tmp_path, tmp_path)  # the runs folder holding it
+        qtbot.waitUntil(lambda: w.controller.active, timeout=20_000)
+        assert w.viewing == run_dir.resolve() and "re-attached" in w.message_label.text()
+        assert w.controller.launcher.proc is None  # adopted, not our child
+        qtbot.waitUntil(lambda: w.store.info.step >= 40, timeout=60_000)
+        assert w.store.mean_loss.x[0] == 5  # the full history, from the first report
+        assert w.stop_action.isEnabled()
+        with qtbot.waitSignal(w.controller.finished, timeout=120_000) as sig:
+            w.stop_action.trigger()
+        result = sig.args[0]
+        assert result["state"] == "stopped" and result["leftover_pids"] == []
+        steps = {r["step"] for r in read_rank_files(run_dir).values()}
+        assert len(steps) == 1  # every rank stopped at the same step
+        assert not processes_mentioning(str(run_dir))
+
+
+@pytest.mark.slow
+def test_the_app_killed_mid_run_leaves_it_training_and_the_next_start_reattaches(
+        qtbot, tmp_path: Path) -> None:
+    runs_dir = tmp_path / "runs"
+    preset = tmp_path / "p.toml"
+    preset.write_text(f'loss = "{SLOW_LOSS}"\nmax_steps = 1500\nnproc = 2\ndevice = "cpu"\n'
+                      f'runs_dir = "{runs_dir}"\nlog_every = 10\n')
+    app = subprocess.Popen([sys.executable, "main.py", "--runs-dir", str(runs_dir), "--config",
+                            str(preset), "--start"], cwd=REPO,
+                           env={**engine_env(), "QT_QPA_PLATFORM": "offscreen",
+                                "HOME": str(tmp_path)},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        run_dir = wait_for(lambda: next(iter(runs_dir.glob("*/status.json")), None), 60,
+                           "the app to start a run").parent
+        wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) >= 20, 120,
+                 "the run to train")
+        app.send_signal(signal.SIGKILL)
+        app.wait(10)
+    finally:
+        app.kill()
+    step = read_status(run_dir)["step"]
+    wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) >= step + 30, 60,
+             "the run to keep training without its app")
+    (summary,) = RunIndex(runs_dir).refresh()
+    assert summary.live and summary.state == "running"
+    w = open_window(qtbot, tmp_path, runs_dir)
+    qtbot.waitUntil(lambda: w.controller.active, timeout=20_000)
+    assert w.viewing == run_dir.resolve()
+    with qtbot.waitSignal(w.controller.finished, timeout=240_000) as sig:
+        pass
+    assert sig.args[0]["state"] == "completed" and sig.args[0]["step"] == 1500
+    assert w.store.info.step == 1500 and w.store.mean_loss.x[0] == 10
+    assert not processes_mentioning(str(run_dir))
+
+
+@pytest.mark.slow
+def test_resume_relaunches_from_the_last_checkpoint_as_a_linked_run(qtbot, tmp_path: Path) -> None:
+    runs_dir = tmp_path / "runs"
+    parent = runs_dir / "parent"
+    done = run_engine("launch", "--nproc", "2", "--max-steps", "20", "--log-every", "5",
+                      "--eval-every", "0", "--run-dir", str(parent))
+    assert done.returncode == 0, done.stderr
+    w = open_window(qtbot, tmp_path, runs_dir)
+    _scanned(qtbot, w)
+    w.runs.select([parent])
+    assert w.runs.buttons["resume"].isEnabled()
+    cfg = w.resume_from(parent)
+    assert cfg is not None and w.panel.resume.text() == str(parent / "checkpoints" / "last.pt")
+    assert w.panel.config().log_every == 5  # fields the form does not show are kept
+    w.panel.max_steps.setValue(35)  # editable before the relaunch
+    with qtbot.waitSignal(w.controller.finished, timeout=180_000) as sig:
+        child = w.start_run()
+    assert sig.args[0]["state"] == "completed" and sig.args[0]["step"] == 35
+    assert child != parent and child.parent == runs_dir
+    starts = [e for e in w.store.events if e.get("kind") == "run_start"]
+    assert starts[-1]["start_step"] == 20 and w.store.mean_loss.x[0] == 25
+    summary = next(s for s in RunIndex(runs_dir).refresh() if s.path == child)
+    assert summary.parent == parent
+    _scanned(qtbot, w)
+    assert w.runs.item(child).text(10) == "parent"

@@ -1,0 +1,70 @@
+"""The Scaling tab: a sweep's group folder drawn, and a real sweep started from the window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ddp_engine.sweep import read_group
+from tests.app.conftest import open_window
+from tests.conftest import make_run_folder, processes_mentioning
+
+
+def test_a_finished_sweep_opens_in_the_scaling_tab(qtbot, tmp_path: Path) -> None:
+    group = tmp_path / "runs" / "mlp-synthetic-sweep-1"
+    group.mkdir(parents=True)
+    for n in (1, 2):
+        make_run_folder(group, f"nproc-{n}", world_size=n)
+    (group / "group.json").write_text(json.dumps({
+        "kind": "scaling_sweep", "version": 1, "state": "completed", "counts": [1, 2],
+        "steps": 30, "device": "cpu", "config": {"model": "mlp"}, "started": 1.0,
+        "ended": 9.0, "sweep_pid": 1, "current": None, "reason": None,
+        "results": [{"nproc": 1, "run": "nproc-1", "state": "completed",
+                     "samples_per_s": 1000.0, "efficiency": 1.0},
+                    {"nproc": 2, "run": "nproc-2", "state": "completed",
+                     "samples_per_s": 1800.0, "efficiency": 0.9}]}))
+    w = open_window(qtbot, tmp_path, tmp_path / "runs")
+    assert w.open_run(group) == "group"
+    view = w.scaling
+    assert w.tabs.currentWidget() is view
+    x, y = view.throughput.curves["measured"].getData()
+    assert list(x) == [1, 2] and list(y) == [1000.0, 1800.0]
+    _, ideal = view.throughput.curves["ideal (linear)"].getData()
+    assert list(ideal) == [1000.0, 2000.0]
+    _, eff = view.efficiency.curves["measured"].getData()
+    assert list(eff) == [1.0, 0.9]
+    assert "completed" in view.label.text() and "efficiency 0.90" in view.label.text()
+    assert not view.stop_button.isEnabled()
+
+
+def test_bad_sweep_input_is_named_and_starts_nothing(qtbot, tmp_path: Path) -> None:
+    w = open_window(qtbot, tmp_path, tmp_path / "runs")
+    w.scaling.counts.setText("1,x")
+    assert w.start_sweep() is None
+    assert "counts must be comma-separated" in w.scaling.label.text()
+    w.scaling.counts.setText("1,64")
+    assert w.start_sweep() is None
+    assert "counts: 64 is more than" in w.scaling.label.text()
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.slow
+def test_a_sweep_started_from_the_window_plots_every_count(qtbot, tmp_path: Path) -> None:
+    w = open_window(qtbot, tmp_path, tmp_path / "runs")
+    w.panel.runs_dir.setText(str(tmp_path / "runs"))
+    w.scaling.counts.setText("1,2")
+    w.scaling.steps.setValue(30)
+    group = w.start_sweep()
+    assert group is not None and w.tabs.currentWidget() is w.scaling
+    qtbot.waitUntil(lambda: w.scaling.poll_once(), timeout=240_000)
+    data = read_group(group)
+    assert data["state"] == "completed", data
+    x, y = w.scaling.throughput.curves["measured"].getData()
+    assert list(x) == [1, 2] and all(v > 0 for v in y)
+    assert data["results"][0]["efficiency"] == pytest.approx(1.0)
+    w.runs.refresh()
+    qtbot.waitUntil(lambda: w.runs.item(group / "nproc-2") is not None, timeout=10_000)
+    assert w.runs.item(group).childCount() == 2
+    assert not processes_mentioning(str(group))

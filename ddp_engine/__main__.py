@@ -1,4 +1,4 @@
-"""Command line: ``python -m ddp_engine launch | sweep | stop | status``."""
+"""Command line: ``python -m ddp_engine launch | sweep | runs | stop | status``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ddp_engine.config import (
 )
 from ddp_engine.protocol import Connection, ProtocolError
 from ddp_engine.run_dir import FINAL_STATES, read_status
-from ddp_engine.runs import owner_process, process_if_alive
+from ddp_engine.runs import RunIndex, fmt_duration, owner_process, process_if_alive
 from ddp_engine.sweep import DEFAULT_STEPS, parse_counts, run_sweep
 
 
@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
                        "1..chosen GPUs, or 1..min(CPU cores, 8) on CPU)")
     sweep.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="K",
                        help=f"optimizer steps per count (default: {DEFAULT_STEPS})")
+    runs = sub.add_parser("runs", help="list the runs under a runs folder, newest first")
+    runs.add_argument("runs_dir", metavar="RUNS_DIR", nargs="?", default="runs",
+                      help="the runs folder (default: runs)")
     stop = sub.add_parser("stop", help="ask a running run to stop (agreed stop, checkpoint)")
     stop.add_argument("run_dir", metavar="RUN_DIR")
     stop.add_argument("--timeout", type=float, default=120.0, metavar="S",
@@ -166,6 +169,24 @@ def cmd_stop(ns: argparse.Namespace) -> int:
     return 0 if outcome["state"] in ("stopped", "completed") else 1
 
 
+def cmd_runs(ns: argparse.Namespace) -> int:
+    if not Path(ns.runs_dir).is_dir():
+        print(f"error: runs_dir: {ns.runs_dir!r} is not a folder", file=sys.stderr)
+        return 2
+    rows = [("NAME", "STATE", "MODEL", "DATASET", "DEVICES", "STEPS", "BEST LOSS", "DURATION")]
+    for s in RunIndex(ns.runs_dir).refresh():
+        for indent, r in [("", s)] + [("  ", c) for c in s.children]:
+            rows.append((indent + r.name, r.state + (" (live)" if r.live else ""),
+                         r.model or "", r.dataset or "", r.devices,
+                         "" if r.step is None else f"{r.step}/{r.total_steps or '?'}",
+                         "" if r.best_loss is None else f"{r.best_loss:.4g}",
+                         fmt_duration(r.duration_s)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
 def _wait_launcher_exit(run_dir: str, data: dict, timeout_s: float) -> None:
     """Return once the launcher (which sweeps the run's processes) has exited."""
     proc = owner_process(run_dir, data)
@@ -190,7 +211,8 @@ def _signal_launcher(data: dict, run_dir: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
-    commands = {"launch": cmd_launch, "sweep": cmd_sweep, "stop": cmd_stop, "status": cmd_status}
+    commands = {"launch": cmd_launch, "sweep": cmd_sweep, "runs": cmd_runs, "stop": cmd_stop,
+                "status": cmd_status}
     return commands[ns.command](ns)
 
 

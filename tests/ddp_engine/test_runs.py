@@ -110,3 +110,17 @@ def test_a_sweep_group_lists_its_runs_as_children(tmp_path: Path) -> None:
 def test_durations_read_as_clock_times() -> None:
     assert fmt_duration(5) == "0:05" and fmt_duration(3725) == "1:02:05"
     assert fmt_duration(None) == "?" and fmt_duration(float("nan")) == "?"
+
+
+def test_the_runs_command_lists_them_as_the_panel_does(tmp_path: Path, capsys) -> None:
+    from ddp_engine.__main__ import main
+
+    make_run_folder(tmp_path, "older", state="failed", started=1.0, steps=20)
+    make_run_folder(tmp_path, "newer", state="completed", started=2.0, steps=30)
+    assert main(["runs", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["NAME", "STATE", "MODEL"]
+    assert lines[1].split()[:6] == ["newer", "completed", "mlp", "synthetic", "cpu", "x2"]
+    assert lines[2].split()[:2] == ["older", "failed"]
+    assert main(["runs", str(tmp_path / "nope")]) == 2
+    assert "runs_dir: " in capsys.readouterr().err

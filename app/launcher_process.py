@@ -73,8 +73,9 @@ class LauncherProcess:
             return self.proc.poll() is not None
         if self.adopted is None:
             return True
-        try:
-            return self.adopted.status() == psutil.STATUS_ZOMBIE
+        try:  # is_running() also notices a pid reused by another process
+            return not self.adopted.is_running() or \
+                self.adopted.status() == psutil.STATUS_ZOMBIE
         except psutil.Error:
             return True
 
@@ -93,15 +94,20 @@ class LauncherProcess:
                     self.seen[pid] = psutil.Process(pid)
 
     def signal_group(self, sig: int) -> None:
-        """Send ``sig`` to the launcher's process group (tolerates it being gone). A launcher
-        that does not lead its own group (started in a terminal) gets it alone, so its shell's
-        job is not hit."""
+        """Send ``sig`` to the launcher's process group (tolerates it being gone).
+
+        Only a launcher that leads a session of its own (as this app and the scaling sweep
+        start it) has a group that is the run's alone; one started in a terminal shares its
+        job's group (``launch ... | tee log``), so it gets the signal by itself.
+        """
         pid = self.pid
         if pid is None or self.ended():
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(pid) == pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
+            if os.getsid(pid) == pid:
                 os.killpg(pid, sig)
+            elif self.adopted is not None:
+                self.adopted.send_signal(sig)  # psutil checks the pid was not reused
             else:
                 os.kill(pid, sig)
 

@@ -28,8 +28,8 @@ from app.run_controller import RunController
 from app.runs_panel import RunsPanel
 from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.devices import GpuInfo
-from ddp_engine.run_dir import CONFIG_FILE, read_json
-from ddp_engine.runs import RunSummary
+from ddp_engine.run_dir import CONFIG_FILE, read_json, read_status
+from ddp_engine.runs import RunIndex, RunSummary
 from ddp_engine.sweep import is_group
 
 if TYPE_CHECKING:
@@ -105,6 +105,7 @@ class MainWindow(QMainWindow):
         self.controller.notice.connect(self.message_label.setText)
         self.controller.finished.connect(self._on_finished)
         self.last_result: dict[str, Any] | None = None
+        self.failure_box: QMessageBox | None = None
         self.viewing: Path | None = None  # the run whose charts the dashboard shows
         self.runs.open_requested.connect(self.open_run)
         self.runs.compare_requested.connect(self.compare_runs)
@@ -164,6 +165,10 @@ class MainWindow(QMainWindow):
 
     def start_sweep(self) -> Path | None:
         """Run the launch form's config on 1, 2, ... N devices (Scaling tab)."""
+        if self.controller.active:
+            self.scaling.label.setText("not started: a run is training; a sweep beside it "
+                                       "would measure nothing useful. Stop it first.")
+            return None
         try:
             cfg = self.panel.config()
             group = self.scaling.start(cfg, gpu_count=len(self.panel.devices.gpus),
@@ -188,12 +193,17 @@ class MainWindow(QMainWindow):
     def start_run(self) -> Path | None:
         if self.controller.active:
             return None
+        if self._scaling is not None and self._scaling.busy:
+            self.message_label.setText("not started: a scaling sweep is training (Scaling tab);"
+                                       " stop it first, or its numbers mean nothing")
+            return None
         try:
             cfg = self.panel.config()
         except ConfigError as e:
             self.message_label.setText(f"not started: {e}")
             return None
         self._save_form(cfg)
+        self.panel.resume.clear()  # a resume is for this one start, not the next
         self.dashboard.reset()
         run_dir = self.controller.start(cfg)
         self._viewing(run_dir)
@@ -221,6 +231,10 @@ class MainWindow(QMainWindow):
             if self.controller.run_dir == path:
                 self.tabs.setCurrentWidget(self.dashboard)
                 return "live"
+            if self.controller.stop_requested:  # the escalation needs this window watching
+                self.message_label.setText(f"{self.controller.run_dir.name} is stopping: "
+                                           "open another run when it has ended")
+                return "busy"
             left = self.controller.run_dir
             self.controller.detach()
             self.message_label.setText(f"{left.name if left else 'the run'} keeps training "
@@ -231,9 +245,12 @@ class MainWindow(QMainWindow):
             return "live"
         self.store.load_run(path)
         self._viewing(path)
-        state = self.store.info.state
-        self.message_label.setText(f"{path.name}: {state} at step {self.store.info.step} "
-                                   "(from its record)")
+        summary = RunIndex(path.parent).summarize(path)
+        self.store.info.state = summary.state
+        self.message_label.setText(
+            f"{path.name}: {summary.state} at step {self.store.info.step} (from its record)"
+            + (f"; it ran on {summary.hostname}" if summary.hostname else "")
+            + (f": {summary.reason}" if summary.reason and summary.state != "completed" else ""))
         return "record"
 
     def _reattach_on_start(self, summaries: list[RunSummary]) -> None:
@@ -277,9 +294,12 @@ class MainWindow(QMainWindow):
         self.panel.set_config(cfg)
         if self.launch_dock_widget is not None:
             self.launch_dock_widget.raise_()
-        self.message_label.setText(f"resume of {path.name} from step "
-                                   f"{(read_json(path / 'status.json') or {}).get('step', '?')}"
-                                   " loaded in the form: edit if needed, then Start (F5)")
+        step = (read_status(path) or {}).get("step")
+        hint = ""
+        if isinstance(step, int) and cfg.max_steps is not None and cfg.max_steps <= step:
+            hint = f"; raise Max steps above {step} to train further"
+        self.message_label.setText(f"resume of {path.name} from step {step} loaded in the form:"
+                                   f" edit if needed, then Start (F5){hint}")
         return cfg
 
     def export_run(self, path: Path, kind: str, dest: Path | None = None) -> Path | None:
@@ -314,7 +334,7 @@ class MainWindow(QMainWindow):
     def _update_actions(self, *_: object) -> None:
         active = self.controller.active
         self.start_action.setEnabled(self.panel.valid and not active)
-        self.stop_action.setEnabled(active and self.controller.state != "stopping")
+        self.stop_action.setEnabled(active and not self.controller.stop_requested)
         self.panel.setEnabled(not active)
 
     def _on_state(self, state: str) -> None:
@@ -339,14 +359,19 @@ class MainWindow(QMainWindow):
                 for r, d in sorted((result.get("ranks") or {}).items())) or ", ".join(
                 f"rank {r}: exit code {c}" for r, c in sorted(codes.items()))
             self.logs_tail = "\n".join(result.get("log_tail") or [])
-            QMessageBox.warning(
-                self, "Run failed",
+            # Window-modal but not blocking (open, not exec): timers, the Runs panel and
+            # other runs' charts keep going while the message is up.
+            self.failure_box = QMessageBox(
+                QMessageBox.Icon.Warning, "Run failed",
                 f"{result.get('reason', 'the run failed')}\n\n{detail}\n\nLast lines of rank "
-                f"{result.get('log_rank')}'s log:\n{self.logs_tail}")
+                f"{result.get('log_rank')}'s log:\n{self.logs_tail}",
+                QMessageBox.StandardButton.Ok, self)
+            self.failure_box.open()
         self._update_actions()
 
     # ------------------------------------------------------------------------------ settings
     def _save_form(self, cfg: RunConfig) -> None:
+        cfg = dataclasses.replace(cfg, resume=None)  # the next start is a fresh run
         self.settings.setValue(SETTINGS_KEY, cfg.to_json())
         self.settings.sync()
 

@@ -32,7 +32,7 @@ from ddp_engine.run_dir import (
     read_status,
     tail_lines,
 )
-from ddp_engine.runs import owner_process
+from ddp_engine.runs import final_event, owner_process
 
 ACTIVE_STATES = ("starting", "running", "stopping")
 
@@ -69,6 +69,11 @@ class RunController(QObject):
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+    @property
+    def stop_requested(self) -> bool:
+        """Stop was pressed here (the escalation is running)."""
+        return self._stop_phase > 0
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
@@ -138,9 +143,9 @@ class RunController(QObject):
             return
         if self._stop_phase:
             return
-        self._set_state("stopping")
         self._stop_phase = 1
         self._stop_started = time.monotonic()
+        self._set_state("stopping")
         if self.client is not None and self.client.send({"type": "stop"}):
             self.notice.emit("stop sent: all ranks will stop at the same step")
         else:  # not connected (yet): the launcher forwards SIGTERM to the ranks
@@ -201,6 +206,10 @@ class RunController(QObject):
         self._timer.stop()
         assert self.launcher is not None and self.run_dir is not None
         status = read_status(self.run_dir) or status
+        if not status.get("launcher_pid"):  # plain torchrun: its metrics say how it ended
+            end = final_event(self.run_dir) or {}
+            status.update({"state": end.get("kind"), "step": end.get("step"),
+                           "reason": end.get("reason")} if end else {})
         state = status.get("state")
         if state not in FINAL_STATES:
             state = "failed"

@@ -35,6 +35,9 @@ STATE_COLORS = {"running": "#2ca02c", "starting": "#2ca02c", "stopping": "#ff7f0
                 "interrupted": "#d62728"}
 
 
+MESSAGE_S = 10.0
+
+
 class RunsWatcher(QObject):
     """Rescans a runs folder every ``interval_s`` (or at once on :meth:`wake`) on a daemon
     thread; results arrive in the GUI thread as the ``scanned`` signal (a queued connection).
@@ -170,7 +173,9 @@ class RunsPanel(QWidget):
             return
         self.stop_watching()
         self.runs_dir = runs_dir
-        self.folder.setText(f"runs in {runs_dir}")
+        self._folder_text = f"runs in {runs_dir}"
+        self._message_until = 0.0
+        self.folder.setText(self._folder_text)
         self.tree.clear()
         self._items.clear()
         self.summaries = []
@@ -197,6 +202,8 @@ class RunsPanel(QWidget):
             return  # a late scan of the folder watched before
         self.summaries = summaries
         self.scans += 1
+        if time.monotonic() > self._message_until:
+            self.folder.setText(self._folder_text)
         wanted: set[Path] = set()
         for i, s in enumerate(summaries):
             self._update_item(s, None, i, wanted)
@@ -270,7 +277,7 @@ class RunsPanel(QWidget):
         self.buttons["resume"].setEnabled(one is not None and one.resumable)
         self.buttons["csv"].setEnabled(one is not None and one.kind == "run")
         self.buttons["tensorboard"].setEnabled(one is not None and one.kind == "run")
-        self.buttons["delete"].setEnabled(bool(sel) and not any(_live(s) for s in sel))
+        self.buttons["delete"].setEnabled(bool(sel) and all(s.deletable for s in sel))
 
     def _open(self) -> None:
         sel = self.selected()
@@ -284,9 +291,10 @@ class RunsPanel(QWidget):
         sel = self.selected()
         if not sel:
             return
-        live = [s.name for s in sel if _live(s)]
+        live = [s.name for s in sel if not s.deletable]
         if live:
-            self.folder.setText(f"not deleted: {', '.join(live)} is live; stop it first")
+            self.message(f"not deleted: {', '.join(live)} is live (here or on another "
+                         "machine); stop it first")
             return
         box = QMessageBox(QMessageBox.Icon.Warning, "Delete runs",
                           f"Delete {len(sel)} run folder(s) and everything in them?\n\n"
@@ -305,18 +313,19 @@ class RunsPanel(QWidget):
         index = RunIndex(self.runs_dir)
         done: list[Path] = []
         for path in paths:
-            if _live(index.summarize_any(path)):
-                self.folder.setText(f"not deleted: {path.name} became live")
+            if not index.summarize_any(path).deletable:
+                self.message(f"not deleted: {path.name} became live")
                 continue
             try:
                 shutil.rmtree(path)
                 done.append(path)
             except OSError as e:
-                self.folder.setText(f"could not delete {path}: {e}")
+                self.message(f"could not delete {path}: {e}")
         if done:
             self.deleted.emit(done)
         self.refresh()
 
-
-def _live(s: RunSummary) -> bool:
-    return s.live or any(_live(c) for c in s.children)
+    def message(self, text: str) -> None:
+        """A line in the folder label for a while (scans then show the folder again)."""
+        self.folder.setText(text)
+        self._message_until = time.monotonic() + MESSAGE_S

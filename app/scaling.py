@@ -8,13 +8,14 @@ reads its group.json and draws samples/s and scaling efficiency against the devi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -31,7 +32,7 @@ from app.launcher_process import LauncherProcess
 from ddp_engine.child_env import build_env
 from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.run_dir import FINAL_STATES, atomic_write_text, new_run_dir
-from ddp_engine.runs import process_if_alive
+from ddp_engine.runs import sweep_process
 from ddp_engine.sweep import DEFAULT_STEPS, parse_counts, plan_sweep, read_group
 
 SWEEP_CONFIG = "sweep.toml"
@@ -43,6 +44,7 @@ class ScalingView(QWidget):
     def __init__(self, poll_ms: int = 1000) -> None:
         super().__init__()
         self.group_dir: Path | None = None
+        self.live = False  # the group shown is a sweep training now
         self.group: dict[str, Any] | None = None
         self.sweep: LauncherProcess | None = None
         self.counts = QLineEdit()
@@ -85,6 +87,11 @@ class ScalingView(QWidget):
         self.timer.setInterval(poll_ms)
         self.timer.timeout.connect(self.poll_once)
 
+    @property
+    def busy(self) -> bool:
+        """A sweep is training: the one shown, or the one this tab started."""
+        return self.live or (self.sweep is not None and not self.sweep.ended())
+
     # ------------------------------------------------------------------------------ running
     def start(self, cfg: RunConfig, gpu_count: int | None = None,
               cpu_count: int | None = None) -> Path:
@@ -94,6 +101,8 @@ class ScalingView(QWidget):
             ConfigError: bad counts or steps, or more devices than this machine has; nothing
                 is written or started then.
         """
+        if self.busy:
+            raise ConfigError("a scaling sweep is already training; stop it first")
         text = self.counts.text().strip()
         try:
             counts = parse_counts(text) if text else None
@@ -115,14 +124,13 @@ class ScalingView(QWidget):
         return group
 
     def stop(self) -> None:
-        """Stop the sweep: the current count stops at an agreed step, no further count starts."""
-        if self.sweep is not None and not self.sweep.ended():
-            self.sweep.signal_group(signal.SIGTERM)
-        elif self.group and self.group.get("state") not in FINAL_STATES:
-            proc = process_if_alive(self.group.get("sweep_pid"), self.group.get("started"))
-            if proc is not None:  # a sweep an earlier window (or a terminal) started
+        """Stop the sweep shown: its current count stops at an agreed step, no further count
+        starts (SIGTERM to the sweep process, which forwards it to its launcher)."""
+        proc = sweep_process(self.group) if self.group else None
+        if proc is not None:
+            with contextlib.suppress(psutil.Error):
                 proc.terminate()
-        self.label.setText("stopping the sweep...")
+            self.label.setText("stopping the sweep...")
 
     def show_group(self, group_dir: Path) -> None:
         self.group_dir = Path(group_dir)
@@ -140,9 +148,11 @@ class ScalingView(QWidget):
         if self.sweep is not None and self.sweep.ended():
             self.sweep.poll()  # reaped
         group = read_group(self.group_dir)
-        live = bool(group) and group.get("state") not in FINAL_STATES and process_if_alive(
-            group.get("sweep_pid"), group.get("started")) is not None
+        live = bool(group) and group.get("state") not in FINAL_STATES and sweep_process(
+            group) is not None
+        self.live = live
         self.stop_button.setEnabled(live)
+        self.start_button.setEnabled(not self.busy)
         if group is None:
             self.label.setText(f"{self.group_dir.name}: starting the sweep..." if self.sweep
                                and not self.sweep.ended() else

@@ -20,6 +20,7 @@ import dataclasses
 import os
 import shlex
 import signal
+import socket
 import sys
 import threading
 import time
@@ -122,6 +123,7 @@ class StatusFile:
         self._lock = threading.Lock()
         self.data: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0,
                                      "launcher_pid": os.getpid(), "pids": {},
+                                     "hostname": socket.gethostname(),
                                      "started": time.time(), **initial}
         self._write()
 

@@ -11,8 +11,11 @@ does not count.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import re
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,14 +27,18 @@ from ddp_engine.protocol import MONITOR_FILE
 from ddp_engine.run_dir import (
     CONFIG_FILE,
     FINAL_STATES,
+    METRICS_FILE,
     STATUS_FILE,
     MetricsTail,
     read_json,
     read_status,
+    tail_lines,
 )
 from ddp_engine.sweep import GROUP_FILE, is_group
 
 RUN_MARKERS = (STATUS_FILE, CONFIG_FILE, MONITOR_FILE)
+ENGINE_SCRIPT = "rankscope-engine"
+"""The console script of ``python -m ddp_engine`` (pyproject.toml)."""
 INTERRUPTED = "interrupted"
 """The state shown for a run whose status.json says it is active but whose processes are gone
 (its launcher was killed, or the machine restarted)."""
@@ -46,16 +53,30 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def process_if_alive(pid: Any, started: Any = None) -> psutil.Process | None:
-    """The process ``pid`` if it runs (a zombie has ended) and, when ``started`` (Unix time) is
-    given, was not created after it: a pid reused by a later process is not the one meant."""
+def process_if_alive(pid: Any, started: Any = None, hostname: Any = None,
+                     mentions: str | None = "ddp_engine") -> psutil.Process | None:
+    """The process ``pid`` if it is the one a run file names, else None.
+
+    It must run here (``hostname``, when given, is this machine's: a run folder on a shared
+    file system may belong to another machine), be running (a zombie has ended), not have been
+    created after ``started`` (a pid reused by a later process is not the one meant) and, when
+    ``mentions`` is set, run that module (every process of ours runs ``-m ddp_engine`` or
+    ``-m ddp_engine.worker``, or the ``rankscope-engine`` script), so a reused pid is never
+    signalled.
+    """
     if not isinstance(pid, int) or pid <= 0:
+        return None
+    if isinstance(hostname, str) and hostname != socket.gethostname():
         return None
     try:
         proc = psutil.Process(pid)
         if isinstance(started, int | float) and proc.create_time() > float(started) + 1.0:
             return None
         if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if mentions and not any(part == mentions or part.startswith(mentions + ".")
+                                or os.path.basename(part) == ENGINE_SCRIPT
+                                for part in proc.cmdline()):
             return None
         return proc
     except psutil.Error:
@@ -66,14 +87,43 @@ def owner_process(run_dir: str | os.PathLike[str],
                   status: dict[str, Any] | None = None) -> psutil.Process | None:
     """The live process that owns a run: its launcher (status.json's launcher_pid) or, for a run
     started by plain torchrun (no status.json), rank 0 (monitor.json's pid). None if neither is
-    alive."""
+    alive on this machine."""
     status = read_status(run_dir) if status is None else status
     if status:
-        return process_if_alive(status.get("launcher_pid"), status.get("started"))
-    monitor = read_json(Path(run_dir) / MONITOR_FILE)
-    if isinstance(monitor, dict):
-        return process_if_alive(monitor.get("pid"))
+        return process_if_alive(status.get("launcher_pid"), status.get("started"),
+                                status.get("hostname"))
+    path = Path(run_dir) / MONITOR_FILE
+    monitor = read_json(path)
+    if not isinstance(monitor, dict):
+        return None
+    started = monitor.get("started")
+    if started is None:  # written before monitor.json carried it: the file's own time
+        with contextlib.suppress(OSError):
+            started = path.stat().st_mtime
+    return process_if_alive(monitor.get("pid"), started, monitor.get("hostname"))
+
+
+def sweep_process(group: dict[str, Any]) -> psutil.Process | None:
+    """The live sweep process of a group.json, if it runs on this machine."""
+    return process_if_alive(group.get("sweep_pid"), group.get("started"), group.get("hostname"))
+
+
+def final_event(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The last ``completed`` / ``stopped`` / ``failed`` event of metrics.jsonl, if the run
+    wrote one (how a run without a launcher, started by plain torchrun, says it ended)."""
+    for line in reversed(tail_lines(Path(run_dir) / METRICS_FILE, 20)):
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(m, dict) and m.get("type") == "event" and m.get("kind") in FINAL_STATES:
+            return m
     return None
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort key that puts nproc-2 before nproc-10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def is_run_dir(path: Path) -> bool:
@@ -111,6 +161,7 @@ class RunSummary:
     started: float | None = None
     ended: float | None = None
     updated: float | None = None
+    hostname: str | None = None  # where it ran, when that is not this machine
     reason: str | None = None
     parent: Path | None = None
     has_checkpoint: bool = False
@@ -141,6 +192,12 @@ class RunSummary:
     def resumable(self) -> bool:
         return (self.kind == "run" and not self.live and self.has_checkpoint
                 and self.state in ("stopped", "failed", INTERRUPTED, "completed"))
+
+    @property
+    def deletable(self) -> bool:
+        """Not live, and not possibly live on another machine (a shared runs folder)."""
+        return not (self.live or (self.hostname and self.state not in FINAL_STATES)
+                    or any(not c.deletable for c in self.children))
 
 
 class _LossScan:
@@ -211,8 +268,11 @@ class RunIndex:
         s.gpus = config.get("gpus")
         s.parent = parent_run(config)
         s.has_checkpoint = (path / "checkpoints" / "last.pt").is_file()
+        here = socket.gethostname()
         if status:
             s.state = str(status.get("state") or "unknown")
+            host = status.get("hostname")
+            s.hostname = host if isinstance(host, str) and host != here else None
             s.step = status.get("step")
             s.total_steps = status.get("total_steps")
             s.started = status.get("started")
@@ -223,7 +283,12 @@ class RunIndex:
             s.device = status.get("device") or s.device
             val = (status.get("last_eval") or {}).get("val_loss")
             s.val_loss = float(val) if isinstance(val, int | float) else None
-        if s.state not in FINAL_STATES:
+        if not status:  # plain torchrun: metrics.jsonl's last event says how it ended
+            end = final_event(path)
+            if end is not None:
+                s.state, s.step = str(end["kind"]), end.get("step")
+                s.ended = end.get("time")
+        if s.state not in FINAL_STATES and s.hostname is None:
             s.live = owner_process(path, status) is not None
             if s.live and not status:
                 s.state = "running"  # plain torchrun: only rank 0's server says so
@@ -255,11 +320,14 @@ class RunIndex:
         s.ended = data.get("ended")
         s.reason = data.get("reason")
         s.total_steps = data.get("steps")
-        if s.state not in FINAL_STATES:
-            s.live = process_if_alive(data.get("sweep_pid"), s.started) is not None
+        host = data.get("hostname")
+        s.hostname = host if isinstance(host, str) and host != socket.gethostname() else None
+        if s.state not in FINAL_STATES and s.hostname is None:
+            s.live = sweep_process(data) is not None
             if not s.live:
                 s.state = INTERRUPTED
-        for child in sorted(p for p in path.iterdir() if is_run_dir(p)):
+        for child in sorted((p for p in path.iterdir() if is_run_dir(p)),
+                            key=lambda p: natural_key(p.name)):
             s.children.append(self.summarize(child))
             seen.add(child)
         losses = [c.best_loss for c in s.children if c.best_loss is not None]

@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -301,7 +302,8 @@ class Sweep:
             "kind": GROUP_KIND, "version": GROUP_VERSION, "state": "running",
             "counts": self.plan.counts, "steps": self.plan.steps, "device": self.plan.device,
             "config": self.plan.cfg.to_dict(), "started": time.time(), "ended": None,
-            "sweep_pid": os.getpid(), "current": None, "reason": None, "results": []}
+            "sweep_pid": os.getpid(), "hostname": socket.gethostname(), "current": None,
+            "reason": None, "results": []}
         self._write()
         return self.group_dir
 

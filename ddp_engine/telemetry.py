@@ -101,8 +101,9 @@ class Telemetry:
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self.port = self._listener.getsockname()[1]
-        atomic_write_json(run_dir / MONITOR_FILE, {"host": "127.0.0.1", "port": self.port,
-                                                   "token": self.token, "pid": os.getpid()})
+        atomic_write_json(run_dir / MONITOR_FILE, {
+            "host": "127.0.0.1", "port": self.port, "token": self.token, "pid": os.getpid(),
+            "hostname": socket.gethostname(), "started": time.time()})
         os.chmod(run_dir / MONITOR_FILE, 0o600)
         self._thread = threading.Thread(target=self._serve, name="rankscope-telemetry",
                                         daemon=True)

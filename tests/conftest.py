@@ -148,3 +148,16 @@ def make_run_folder(parent: Path, name: str, *, state: str = "completed", steps:
     if checkpoint:
         (run / "checkpoints" / "last.pt").write_bytes(b"")
     return run
+
+
+@pytest.fixture
+def fake_launcher() -> Iterator[psutil.Process]:
+    """An idle process, in a session of its own, whose command line mentions ddp_engine: it
+    stands for a live launcher in hand-written run folders (and is what a Stop would signal)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
+                             "ddp_engine"], start_new_session=True)
+    try:
+        yield psutil.Process(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()

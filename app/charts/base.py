@@ -59,14 +59,20 @@ class Chart(pg.PlotWidget):
         return len(item.xData)
 
     def _save_dialog(self) -> None:
-        from PySide6.QtWidgets import QFileDialog
+        from PySide6.QtWidgets import QFileDialog, QMessageBox
 
         title = self.getPlotItem().titleLabel.text or "chart"
         name = "".join(c if c.isalnum() else "_" for c in title).strip("_").lower() or "chart"
-        path, _ = QFileDialog.getSaveFileName(self, "Save chart", f"{name}.png",
-                                              "PNG (*.png);;SVG (*.svg)")
-        if path:
+        path, chosen = QFileDialog.getSaveFileName(self, "Save chart", f"{name}.png",
+                                                   "PNG (*.png);;SVG (*.svg)")
+        if not path:
+            return
+        if Path(path).suffix.lower() not in (".png", ".svg"):  # the filter chosen decides
+            path += ".svg" if chosen.startswith("SVG") else ".png"
+        try:
             self.export(path)
+        except (OSError, ValueError) as e:
+            QMessageBox.warning(self, "Chart not saved", str(e))
 
     def export(self, path: str | os.PathLike[str], width: int | None = None) -> Path:
         """Save this chart as PNG or SVG, by the suffix of ``path`` (see app.export)."""

@@ -2,17 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import QSettings
 
 from app.main_window import MainWindow
+from tests.conftest import wait_for
 
 
-def open_window(qtbot, tmp_path: Path, runs_dir: Path) -> MainWindow:
-    """A shown MainWindow on ``runs_dir`` with settings of its own (no GPUs: CPU processes)."""
+def _make(qtbot, tmp_path: Path, runs_dir: Path) -> MainWindow:
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     w = MainWindow(runs_dir=str(runs_dir), settings=settings, gpus=[])
     qtbot.addWidget(w)
     w.show()
     return w
+
+
+@pytest.fixture
+def open_window(qtbot, tmp_path: Path) -> Iterator[Callable[[Path], MainWindow]]:
+    """``open_window(runs_dir)``: a shown MainWindow with settings of its own (no GPUs: CPU
+    processes). At teardown a run still watched is stopped, so closing the window never waits
+    on the "leave it running?" question (a failed test must fail, not hang)."""
+    windows: list[MainWindow] = []
+
+    def make(runs_dir: Path) -> MainWindow:
+        windows.append(_make(qtbot, tmp_path, runs_dir))
+        return windows[-1]
+
+    yield make
+    for w in windows:
+        if w.controller.active:
+            w.controller.stop()
+            wait_for(lambda w=w: w.controller.poll_once() or not w.controller.active, 90,
+                     "the watched run to end at teardown")
+        w.runs.stop_watching()

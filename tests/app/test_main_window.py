@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QLabel
 
 from app.main_window import MainWindow
 from ddp_engine.run_dir import read_rank_files, read_status
-from tests.app.conftest import open_window
+from tests.app.conftest import _make
 from tests.conftest import REPO, processes_mentioning, wait_for
 
 FAULTY = REPO / "tests" / "ddp_engine" / "plugins" / "faulty.py"
@@ -19,7 +19,7 @@ FAULTY = REPO / "tests" / "ddp_engine" / "plugins" / "faulty.py"
 
 @pytest.fixture
 def window(qtbot, tmp_path: Path):
-    w = open_window(qtbot, tmp_path, tmp_path / "runs")
+    w = _make(qtbot, tmp_path, tmp_path / "runs")
     yield w
     if w.controller.active:
         w.controller.stop()
@@ -122,12 +122,7 @@ def test_stop_mid_run_ends_stopped_with_nothing_left(qtbot, window: MainWindow) 
 
 
 @pytest.mark.slow
-def test_a_crashing_rank_shows_failed_with_its_log_tail(qtbot, window: MainWindow,
-                                                        monkeypatch) -> None:
-    from PySide6.QtWidgets import QMessageBox
-
-    shown: list[str] = []
-    monkeypatch.setattr(QMessageBox, "warning", lambda _p, _t, text: shown.append(text))
+def test_a_crashing_rank_shows_failed_with_its_log_tail(qtbot, window: MainWindow) -> None:
     window.panel.loss.combo.setCurrentText("Custom...")
     window.panel.loss.path.setText(f"{FAULTY}:raise_on_rank1")
     assert window.panel.valid, window.panel.error.text()
@@ -138,7 +133,9 @@ def test_a_crashing_rank_shows_failed_with_its_log_tail(qtbot, window: MainWindo
     assert "rank 1" in result["reason"] and "boom from the test plugin" in result["reason"]
     assert result["log_rank"] == 1
     assert any("RuntimeError: boom" in line for line in result["log_tail"])
-    assert shown and "boom from the test plugin" in shown[0] and "rank 1" in shown[0]
+    shown = window.failure_box.text()
+    assert window.failure_box.isVisible() and "boom from the test plugin" in shown
+    assert "rank 1" in shown
     assert not processes_mentioning(str(run_dir))
 
 

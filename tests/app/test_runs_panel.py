@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import csv
-import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import psutil
 import pytest
 from PySide6.QtWidgets import QMessageBox
 
 from app.main_window import MainWindow
 from ddp_engine.run_dir import read_rank_files, read_status
 from ddp_engine.runs import RunIndex
-from tests.app.conftest import open_window
 from tests.conftest import (
     REPO,
     endless_run,
@@ -53,25 +51,25 @@ def runs(tmp_path: Path) -> Path:
     return d
 
 
-def test_the_panel_lists_every_run_newest_first_and_keeps_up(qtbot, tmp_path: Path,
-                                                            runs: Path) -> None:
-    w = open_window(qtbot, tmp_path, runs)
+def test_the_panel_lists_every_run_newest_first_and_keeps_up(qtbot, open_window,
+                                                            runs: Path, fake_launcher) -> None:
+    w = open_window(runs)
     _scanned(qtbot, w)
     assert _names(w) == ["third", "second", "first"]
     second = w.runs.item(runs / "second")
     assert second.text(1) == "stopped" and second.text(4) == "cpu x2"
     assert second.text(5) == "50/50" and second.text(6) == "1.52"  # mean of 1+1/50 and 2+1/50
     w.runs.select([runs / "second"])
-    make_run_folder(runs, "fourth", state="running", launcher_pid=os.getpid(),
-                    started=psutil.Process().create_time() + 0.5)
+    make_run_folder(runs, "fourth", state="running", launcher_pid=fake_launcher.pid,
+                    started=time.time())
     _scanned(qtbot, w)
     assert _names(w)[0] == "fourth" and w.runs.item(runs / "fourth").text(1) == "running (live)"
     assert [s.name for s in w.runs.selected()] == ["second"]  # the selection survived
     assert not w.viewing  # only the first scan after start-up attaches a live run
 
 
-def test_opening_a_finished_run_draws_its_record(qtbot, tmp_path: Path, runs: Path) -> None:
-    w = open_window(qtbot, tmp_path, runs)
+def test_opening_a_finished_run_draws_its_record(qtbot, open_window, runs: Path) -> None:
+    w = open_window(runs)
     assert w.open_run(runs / "second") == "record"
     assert w.store.info.step == 50 and w.store.info.state == "stopped"
     assert not w.controller.active and not w.stop_action.isEnabled()
@@ -81,11 +79,12 @@ def test_opening_a_finished_run_draws_its_record(qtbot, tmp_path: Path, runs: Pa
     assert "stopped at step 50" in w.message_label.text()
 
 
-def test_delete_asks_first_and_never_deletes_a_live_run(qtbot, tmp_path: Path,
-                                                        runs: Path) -> None:
-    w = open_window(qtbot, tmp_path, runs)
-    live = make_run_folder(runs, "live", state="running", launcher_pid=os.getpid(),
-                           started=psutil.Process().create_time() + 0.5)
+def test_delete_asks_first_and_never_deletes_a_live_run(qtbot, open_window,
+                                                        runs: Path, fake_launcher) -> None:
+    w = open_window(runs)
+    _scanned(qtbot, w)  # after the first scan: the live fixture is not re-attached at start
+    live = make_run_folder(runs, "live", state="running", launcher_pid=fake_launcher.pid,
+                           started=time.time())
     _scanned(qtbot, w)
     w.runs.select([runs / "first"])
     w.runs.confirm_delete()
@@ -100,12 +99,12 @@ def test_delete_asks_first_and_never_deletes_a_live_run(qtbot, tmp_path: Path,
     w.runs.select([live, runs / "third"])
     assert not w.runs.buttons["delete"].isEnabled()
     w.runs.confirm_delete()
-    assert "live is live; stop it first" in w.runs.folder.text()
+    assert "live is live (here or on another machine)" in w.runs.folder.text()
     assert live.exists() and (runs / "third").exists()
 
 
-def test_compare_overlays_runs_by_step_or_by_time(qtbot, tmp_path: Path, runs: Path) -> None:
-    w = open_window(qtbot, tmp_path, runs)
+def test_compare_overlays_runs_by_step_or_by_time(qtbot, open_window, runs: Path) -> None:
+    w = open_window(runs)
     w.compare_runs([runs / "first", runs / "second"])
     view = w.compare
     assert w.tabs.currentWidget() is view
@@ -119,8 +118,8 @@ def test_compare_overlays_runs_by_step_or_by_time(qtbot, tmp_path: Path, runs: P
     assert list(thr) == [300.0, 300.0, 300.0]  # 100 + 200 samples/s
 
 
-def test_exports_from_theopen_window(qtbot, tmp_path: Path, runs: Path) -> None:
-    w = open_window(qtbot, tmp_path, runs)
+def test_exports_from_the_window(open_window, tmp_path: Path, runs: Path) -> None:
+    w = open_window(runs)
     out = w.export_run(runs / "first", "csv", tmp_path / "first.csv")
     rows = list(csv.DictReader(open(out)))
     assert len(rows) == 3 * 2 + 1 and rows[0]["rank"] == "0" and rows[-1]["val_loss"] == "0.5"
@@ -139,19 +138,22 @@ def test_exports_from_theopen_window(qtbot, tmp_path: Path, runs: Path) -> None:
 
 @pytest.mark.slow
 def test_a_terminal_run_is_reattached_at_start_with_its_history_and_stopped(
-        qtbot, tmp_path: Path) -> None:
+        qtbot, open_window, tmp_path: Path) -> None:
     with endless_run(tmp_path, "--log-every", "5") as (_proc, run_dir):
         wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) >= 30, 120,
                  "the terminal run to train 30 steps")
-        w = open_window(qtbot, tmp_path, tmp_path)  # the runs folder holding it
+        w = open_window(tmp_path)  # the runs folder holding it
         qtbot.waitUntil(lambda: w.controller.active, timeout=20_000)
         assert w.viewing == run_dir.resolve() and "re-attached" in w.message_label.text()
         assert w.controller.launcher.proc is None  # adopted, not our child
         qtbot.waitUntil(lambda: w.store.info.step >= 40, timeout=60_000)
         assert w.store.mean_loss.x[0] == 5  # the full history, from the first report
         assert w.stop_action.isEnabled()
+        other = make_run_folder(tmp_path / "elsewhere", "done")
         with qtbot.waitSignal(w.controller.finished, timeout=120_000) as sig:
             w.stop_action.trigger()
+            assert not w.stop_action.isEnabled()
+            assert w.open_run(other) == "busy"  # the stop's escalation needs this window
         result = sig.args[0]
         assert result["state"] == "stopped" and result["leftover_pids"] == []
         steps = {r["step"] for r in read_rank_files(run_dir).values()}
@@ -161,7 +163,7 @@ def test_a_terminal_run_is_reattached_at_start_with_its_history_and_stopped(
 
 @pytest.mark.slow
 def test_the_app_killed_mid_run_leaves_it_training_and_the_next_start_reattaches(
-        qtbot, tmp_path: Path) -> None:
+        qtbot, open_window, tmp_path: Path) -> None:
     runs_dir = tmp_path / "runs"
     preset = tmp_path / "p.toml"
     preset.write_text(f'loss = "{SLOW_LOSS}"\nmax_steps = 1500\nnproc = 2\ndevice = "cpu"\n'
@@ -185,7 +187,7 @@ def test_the_app_killed_mid_run_leaves_it_training_and_the_next_start_reattaches
              "the run to keep training without its app")
     (summary,) = RunIndex(runs_dir).refresh()
     assert summary.live and summary.state == "running"
-    w = open_window(qtbot, tmp_path, runs_dir)
+    w = open_window(runs_dir)
     qtbot.waitUntil(lambda: w.controller.active, timeout=20_000)
     assert w.viewing == run_dir.resolve()
     with qtbot.waitSignal(w.controller.finished, timeout=240_000) as sig:
@@ -196,13 +198,14 @@ def test_the_app_killed_mid_run_leaves_it_training_and_the_next_start_reattaches
 
 
 @pytest.mark.slow
-def test_resume_relaunches_from_the_last_checkpoint_as_a_linked_run(qtbot, tmp_path: Path) -> None:
+def test_resume_relaunches_from_the_last_checkpoint_as_a_linked_run(qtbot, open_window,
+                                                                   tmp_path: Path) -> None:
     runs_dir = tmp_path / "runs"
     parent = runs_dir / "parent"
     done = run_engine("launch", "--nproc", "2", "--max-steps", "20", "--log-every", "5",
                       "--eval-every", "0", "--run-dir", str(parent))
     assert done.returncode == 0, done.stderr
-    w = open_window(qtbot, tmp_path, runs_dir)
+    w = open_window(runs_dir)
     _scanned(qtbot, w)
     w.runs.select([parent])
     assert w.runs.buttons["resume"].isEnabled()
@@ -220,3 +223,15 @@ def test_resume_relaunches_from_the_last_checkpoint_as_a_linked_run(qtbot, tmp_p
     assert summary.parent == parent
     _scanned(qtbot, w)
     assert w.runs.item(child).text(10) == "parent"
+
+
+def test_opening_an_interrupted_run_says_how_it_ended(open_window, tmp_path: Path,
+                                                      runs: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    make_run_folder(runs, "killed", state="running", launcher_pid=dead.pid, started=4_000.0)
+    w = open_window(runs)
+    assert w.open_run(runs / "killed") == "record"
+    assert w.store.info.state == "interrupted"
+    assert "killed: interrupted at step 30" in w.message_label.text()
+    assert "launcher is gone" in w.message_label.text()

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from ddp_engine.sweep import read_group
-from tests.app.conftest import open_window
 from tests.conftest import make_run_folder, processes_mentioning
 
 
-def test_a_finished_sweep_opens_in_the_scaling_tab(qtbot, tmp_path: Path) -> None:
+def test_a_finished_sweep_opens_in_the_scaling_tab(open_window, tmp_path: Path) -> None:
     group = tmp_path / "runs" / "mlp-synthetic-sweep-1"
     group.mkdir(parents=True)
     for n in (1, 2):
@@ -25,7 +24,7 @@ def test_a_finished_sweep_opens_in_the_scaling_tab(qtbot, tmp_path: Path) -> Non
                      "samples_per_s": 1000.0, "efficiency": 1.0},
                     {"nproc": 2, "run": "nproc-2", "state": "completed",
                      "samples_per_s": 1800.0, "efficiency": 0.9}]}))
-    w = open_window(qtbot, tmp_path, tmp_path / "runs")
+    w = open_window(tmp_path / "runs")
     assert w.open_run(group) == "group"
     view = w.scaling
     assert w.tabs.currentWidget() is view
@@ -39,8 +38,8 @@ def test_a_finished_sweep_opens_in_the_scaling_tab(qtbot, tmp_path: Path) -> Non
     assert not view.stop_button.isEnabled()
 
 
-def test_bad_sweep_input_is_named_and_starts_nothing(qtbot, tmp_path: Path) -> None:
-    w = open_window(qtbot, tmp_path, tmp_path / "runs")
+def test_bad_sweep_input_is_named_and_starts_nothing(open_window, tmp_path: Path) -> None:
+    w = open_window(tmp_path / "runs")
     w.scaling.counts.setText("1,x")
     assert w.start_sweep() is None
     assert "counts must be comma-separated" in w.scaling.label.text()
@@ -51,13 +50,16 @@ def test_bad_sweep_input_is_named_and_starts_nothing(qtbot, tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_a_sweep_started_from_the_window_plots_every_count(qtbot, tmp_path: Path) -> None:
-    w = open_window(qtbot, tmp_path, tmp_path / "runs")
+def test_a_sweep_started_from_the_window_plots_every_count(qtbot, open_window,
+                                                          tmp_path: Path) -> None:
+    w = open_window(tmp_path / "runs")
     w.panel.runs_dir.setText(str(tmp_path / "runs"))
     w.scaling.counts.setText("1,2")
     w.scaling.steps.setValue(30)
     group = w.start_sweep()
     assert group is not None and w.tabs.currentWidget() is w.scaling
+    assert not w.scaling.start_button.isEnabled() and w.start_sweep() is None
+    assert w.start_run() is None and "a scaling sweep is training" in w.message_label.text()
     qtbot.waitUntil(lambda: w.scaling.poll_once(), timeout=240_000)
     data = read_group(group)
     assert data["state"] == "completed", data

@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-
 from ddp_engine.runs import INTERRUPTED, RunIndex, fmt_duration, owner_process, process_if_alive
 from tests.conftest import make_run_folder
 
@@ -41,30 +39,59 @@ def test_a_run_whose_launcher_is_gone_is_interrupted_not_running(tmp_path: Path)
     assert "launcher is gone" in (s.reason or "")
 
 
-def test_a_run_whose_launcher_lives_is_live(tmp_path: Path) -> None:
-    me = psutil.Process()
-    run = make_run_folder(tmp_path, "alive", state="running", launcher_pid=os.getpid(),
-                          started=me.create_time() + 0.5)
+def test_a_run_whose_launcher_lives_is_live(tmp_path: Path, fake_launcher) -> None:
+    run = make_run_folder(tmp_path, "alive", state="running", launcher_pid=fake_launcher.pid,
+                          started=time.time())
     (s,) = RunIndex(tmp_path).refresh()
-    assert s.live and s.state == "running" and not s.resumable
-    assert owner_process(run) is not None and owner_process(run).pid == os.getpid()
+    assert s.live and s.state == "running" and not s.resumable and not s.deletable
+    assert owner_process(run).pid == fake_launcher.pid
 
 
-def test_a_reused_pid_does_not_make_an_old_run_live(tmp_path: Path) -> None:
+def test_a_reused_pid_does_not_make_an_old_run_live(tmp_path: Path, fake_launcher) -> None:
     # status.json says the launcher started long before this pid's process did
-    assert process_if_alive(os.getpid(), started=psutil.Process().create_time() - 3600) is None
-    make_run_folder(tmp_path, "old", state="running", launcher_pid=os.getpid(), started=1_000.0)
+    pid = fake_launcher.pid
+    assert process_if_alive(pid, started=fake_launcher.create_time() - 3600) is None
+    make_run_folder(tmp_path, "old", state="running", launcher_pid=pid, started=1_000.0)
     (s,) = RunIndex(tmp_path).refresh()
     assert not s.live and s.state == INTERRUPTED
 
 
-def test_a_plain_torchrun_run_is_live_through_monitor_json(tmp_path: Path) -> None:
+def test_a_pid_that_is_not_ours_is_never_taken_for_a_launcher(tmp_path: Path) -> None:
+    # this test process is alive and old enough, but is not a ddp_engine process
+    make_run_folder(tmp_path, "other", state="running", launcher_pid=os.getpid(),
+                    started=time.time())
+    (s,) = RunIndex(tmp_path).refresh()
+    assert not s.live and s.state == INTERRUPTED
+    assert process_if_alive(os.getpid(), mentions=None) is not None
+
+
+def test_a_run_of_another_machine_is_neither_live_nor_deletable(tmp_path: Path,
+                                                               fake_launcher) -> None:
+    run = make_run_folder(tmp_path, "remote", state="running", launcher_pid=fake_launcher.pid,
+                          started=time.time())
+    status = json.loads((run / "status.json").read_text())
+    status["hostname"] = "some-other-node"
+    (run / "status.json").write_text(json.dumps(status))
+    (s,) = RunIndex(tmp_path).refresh()
+    assert not s.live and s.state == "running" and s.hostname == "some-other-node"
+    assert not s.deletable and owner_process(run) is None
+
+
+def test_a_plain_torchrun_run_is_live_through_monitor_json(tmp_path: Path,
+                                                          fake_launcher) -> None:
     run = tmp_path / "plain"
     run.mkdir()
-    (run / "monitor.json").write_text(json.dumps({"host": "127.0.0.1", "port": 1, "token": "t",
-                                                  "pid": os.getpid()}))
+    (run / "monitor.json").write_text(json.dumps({
+        "host": "127.0.0.1", "port": 1, "token": "t", "pid": fake_launcher.pid,
+        "started": time.time()}))
     (s,) = RunIndex(tmp_path).refresh()
     assert s.live and s.state == "running"
+    fake_launcher.kill()
+    fake_launcher.wait()
+    with open(run / "metrics.jsonl", "w") as f:
+        f.write(json.dumps({"type": "event", "time": 5.0, "kind": "completed", "step": 7}) + "\n")
+    (s,) = RunIndex(tmp_path).refresh()
+    assert (s.live, s.state, s.step) == (False, "completed", 7)
 
 
 def test_a_resumed_run_names_its_parent(tmp_path: Path) -> None:
@@ -76,8 +103,8 @@ def test_a_resumed_run_names_its_parent(tmp_path: Path) -> None:
 
 
 def test_best_loss_follows_a_growing_metrics_file(tmp_path: Path) -> None:
-    run = make_run_folder(tmp_path, "r", state="running", launcher_pid=os.getpid(),
-                          started=psutil.Process().create_time() + 0.5)
+    """(the run is not live: its metrics are still read as they grow, e.g. a remote run)"""
+    run = make_run_folder(tmp_path, "r", state="running", started=1.0)
     index = RunIndex(tmp_path)
     before = index.refresh()[0].best_loss
     with open(run / "metrics.jsonl", "a") as f:
@@ -91,7 +118,7 @@ def test_best_loss_follows_a_growing_metrics_file(tmp_path: Path) -> None:
 def test_a_sweep_group_lists_its_runs_as_children(tmp_path: Path) -> None:
     group = tmp_path / "mlp-sweep-1"
     group.mkdir()
-    for n in (1, 2):
+    for n in (1, 2, 10):
         make_run_folder(group, f"nproc-{n}", world_size=n, started=3.0 + n,
                         losses=lambda step, rank, n=n: n + 1.0 / step)
     (group / "group.json").write_text(json.dumps({
@@ -103,7 +130,7 @@ def test_a_sweep_group_lists_its_runs_as_children(tmp_path: Path) -> None:
     assert [r.name for r in runs] == ["mlp-sweep-1", "single"]
     g = runs[0]
     assert g.kind == "scaling_sweep" and g.state == "completed" and g.nproc == 2
-    assert [c.name for c in g.children] == ["nproc-1", "nproc-2"]
+    assert [c.name for c in g.children] == ["nproc-1", "nproc-2", "nproc-10"]
     assert abs(g.best_loss - (1 + 1 / 30)) < 1e-9
 
 

@@ -85,7 +85,7 @@ class RunsWatcher(QObject):
                     self.failed.emit(error)
             except RuntimeError:
                 return  # the Qt side was deleted: the process is exiting
-            self._wake.wait(self.interval_s)
+            self._wake.wait(0.05 if self.index.pending else self.interval_s)
             self._wake.clear()
 
 

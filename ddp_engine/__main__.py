@@ -174,7 +174,11 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         print(f"error: runs_dir: {ns.runs_dir!r} is not a folder", file=sys.stderr)
         return 2
     rows = [("NAME", "STATE", "MODEL", "DATASET", "DEVICES", "STEPS", "BEST LOSS", "DURATION")]
-    for s in RunIndex(ns.runs_dir).refresh():
+    index = RunIndex(ns.runs_dir)
+    summaries = index.refresh()
+    while index.pending:  # every metrics.jsonl read once, for the best losses
+        summaries = index.refresh()
+    for s in summaries:
         for indent, r in [("", s)] + [("  ", c) for c in s.children]:
             rows.append((indent + r.name, r.state + (" (live)" if r.live else ""),
                          r.model or "", r.dataset or "", r.devices,

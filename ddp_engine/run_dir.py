@@ -155,13 +155,18 @@ class MetricsTail:
             except OSError:
                 pass
         self._partial = b""
+        self.at_end = False
+        """Whether the last poll read up to the end of the file (as it was then)."""
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self, max_bytes: int = -1) -> list[dict[str, Any]]:
+        """The complete lines appended since the last poll (at most ``max_bytes`` read)."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
-                data = f.read()
+                data = f.read(max_bytes)
+                self.at_end = max_bytes < 0 or len(data) < max_bytes
         except OSError:
+            self.at_end = True
             return []
         self._offset += len(data)
         data = self._partial + data

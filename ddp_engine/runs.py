@@ -203,34 +203,49 @@ class RunSummary:
 class _LossScan:
     """The lowest mean-over-ranks training loss of a metrics.jsonl, read incrementally."""
 
+    CHUNK_BYTES = 1 << 20
+
     def __init__(self, run_dir: Path) -> None:
         self.tail = MetricsTail(run_dir)
         self.best: float | None = None
+        self.caught_up = False  # read to the end at least once: ``best`` is the run's
 
-    def update(self) -> float | None:
-        for m in self.tail.poll():
-            if m.get("type") != "metrics":
-                continue
-            losses = [r.get("loss") for r in m.get("ranks", []) if isinstance(r, dict)]
-            values = [float(v) for v in losses if isinstance(v, int | float)
-                      and math.isfinite(v)]
-            if values:
-                mean = sum(values) / len(values)
-                if self.best is None or mean < self.best:
-                    self.best = mean
-        return self.best
+    def update(self, deadline: float) -> None:
+        """Read what was appended, a chunk at a time, until the end or ``deadline``."""
+        while time.monotonic() < deadline:
+            for m in self.tail.poll(self.CHUNK_BYTES):
+                self._take(m)
+            if self.tail.at_end:
+                self.caught_up = True
+                return
+
+    def _take(self, m: dict[str, Any]) -> None:
+        if m.get("type") != "metrics":
+            return
+        losses = [r.get("loss") for r in m.get("ranks", []) if isinstance(r, dict)]
+        values = [float(v) for v in losses if isinstance(v, int | float) and math.isfinite(v)]
+        if values:
+            mean = sum(values) / len(values)
+            if self.best is None or mean < self.best:
+                self.best = mean
 
 
 class RunIndex:
-    """The runs under one folder. :meth:`refresh` rescans (cheap: two small JSON files per run;
-    metrics.jsonl is read only where it grew since the last call)."""
+    """The runs under one folder. :meth:`refresh` rescans: two small JSON files per run, and
+    each metrics.jsonl only where it grew since the last call, within a time budget per call
+    (a folder of long runs lists at once; best losses fill in over the next calls)."""
 
-    def __init__(self, runs_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, runs_dir: str | os.PathLike[str], budget_s: float = 0.5) -> None:
         self.runs_dir = Path(runs_dir)
+        self.budget_s = budget_s
+        self.pending = False
+        """Some metrics.jsonl is not read to its end yet: call :meth:`refresh` again soon."""
         self._scans: dict[Path, _LossScan] = {}
+        self._deadline = 0.0
 
     def refresh(self) -> list[RunSummary]:
         """Every run and sweep group, newest first."""
+        self._deadline = time.monotonic() + self.budget_s
         out: list[RunSummary] = []
         seen: set[Path] = set()
         try:
@@ -248,6 +263,8 @@ class RunIndex:
                 seen.add(path)
         for gone in set(self._scans) - seen:
             del self._scans[gone]
+        self.pending = not all(scan.caught_up and scan.tail.at_end
+                               for scan in self._scans.values())
         out.sort(key=lambda s: (s.started or 0.0, s.name), reverse=True)
         return out
 
@@ -302,7 +319,8 @@ class RunIndex:
         scan = self._scans.get(path)
         if scan is None:
             scan = self._scans[path] = _LossScan(path)
-        s.best_loss = scan.update()
+        scan.update(self._deadline)
+        s.best_loss = scan.best if scan.caught_up else None
         return s
 
     def _group(self, path: Path, seen: set[Path]) -> RunSummary:

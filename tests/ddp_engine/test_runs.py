@@ -151,3 +151,14 @@ def test_the_runs_command_lists_them_as_the_panel_does(tmp_path: Path, capsys) -
     assert lines[2].split()[:2] == ["older", "failed"]
     assert main(["runs", str(tmp_path / "nope")]) == 2
     assert "runs_dir: " in capsys.readouterr().err
+
+
+def test_the_list_comes_first_and_best_losses_fill_in_within_a_time_budget(
+        tmp_path: Path) -> None:
+    make_run_folder(tmp_path, "a", steps=50)
+    index = RunIndex(tmp_path, budget_s=0.0)  # no time at all for reading metrics
+    (s,) = index.refresh()
+    assert s.name == "a" and s.state == "completed" and s.best_loss is None and index.pending
+    index.budget_s = 5.0
+    (s,) = index.refresh()
+    assert s.best_loss == 2.0 / 51 and not index.pending

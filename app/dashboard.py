@@ -5,7 +5,14 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.charts.panels import DevicePanel, LossPanel, SyncPanel, ThroughputPanel
 from app.metric_store import MetricStore
@@ -38,6 +45,8 @@ class Dashboard(QWidget):
         grid.addWidget(self.throughput, 0, 1)
         grid.addWidget(self.sync, 1, 0)
         grid.addWidget(self.devices, 1, 1)
+        grid.setRowStretch(0, 1)
+        grid.setRowStretch(1, 1)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.alert)

@@ -68,6 +68,7 @@ class MainWindow(QMainWindow):
         runs_dock.setWidget(self.runs)
         runs_dock.setFeatures(QDockWidget.DockWidgetFeature.NoDockWidgetFeatures)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, runs_dock)
+        self.resizeDocks([runs_dock], [190], Qt.Orientation.Vertical)
         self.launch_dock_widget: QDockWidget | None = None
         scroll = QScrollArea()
         scroll.setWidget(self.panel)

@@ -205,6 +205,7 @@ class RunsPanel(QWidget):
         if time.monotonic() > self._message_until:
             self.folder.setText(self._folder_text)
         wanted: set[Path] = set()
+        known = len(self._items)
         for i, s in enumerate(summaries):
             self._update_item(s, None, i, wanted)
         for path in set(self._items) - wanted:
@@ -214,6 +215,9 @@ class RunsPanel(QWidget):
                 parent.removeChild(item)
             else:
                 self.tree.takeTopLevelItem(self.tree.indexOfTopLevelItem(item))
+        if len(self._items) != known:  # rows came or went: fit the columns again
+            for col in range(1, len(COLUMNS)):
+                self.tree.resizeColumnToContents(col)
         self._update_buttons()
         self.scanned.emit(summaries)
 

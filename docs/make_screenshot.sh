@@ -24,6 +24,11 @@ nproc = 2
 device = "cpu"
 runs_dir = "$runs"
 TOML
+# Two earlier runs for the Runs panel (real, short ones).
+for steps in 150 300; do
+  .venv/bin/python -m ddp_engine launch --model mlp --dataset digits --nproc 2 \
+    --max-steps "$steps" --runs-dir "$runs" --name "mlp-digits-$steps" >/dev/null 2>&1
+done
 .venv/bin/python main.py --runs-dir "$runs" --config "$runs/preset.toml" &
 app=$!
 wid=$(xdotool search --sync --name '^Rankscope')

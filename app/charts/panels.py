@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QSlider,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.charts.base import Chart, color
 from app.metric_store import MetricStore
@@ -90,7 +98,9 @@ class PairPanel(QWidget):
     def __init__(self, left: Chart, right: Chart) -> None:
         super().__init__()
         self.caption = QLabel("")
-        self.caption.setWordWrap(True)
+        # One line, clipped when narrow: a wrapping label makes the dashboard's grid give
+        # this row its height first (height-for-width), squeezing the loss charts.
+        self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         row = QHBoxLayout()

@@ -10,10 +10,13 @@ from typing import Any
 from PySide6.QtCore import QThread, Signal
 
 from ddp_engine.protocol import Connection, ProtocolError
+from ddp_engine.run_dir import CONFIG_FILE, MetricsTail, read_json
 
 
 class TelemetryClient(QThread):
-    """Connects to RUN_DIR's server once monitor.json appears, then reads until the end.
+    """Connects to RUN_DIR's server once monitor.json appears, then reads until the end. A run
+    without telemetry (config.json says ``telemetry: false``) is followed through its
+    metrics.jsonl instead.
 
     Messages are batched: ``messages`` carries a list, emitted at most every ``batch_s``, so a
     replay of a long history does not flood the GUI thread with signals.
@@ -34,6 +37,16 @@ class TelemetryClient(QThread):
         self._stop = threading.Event()
         self._conn: Connection | None = None
         self._lock = threading.Lock()
+
+    def _follow_file(self) -> None:
+        """Deliver metrics.jsonl's lines, the whole history first, as the server would."""
+        tail = MetricsTail(self.run_dir)
+        while not self._stop.is_set():
+            batch = tail.poll()
+            if batch:
+                self.messages.emit(batch)
+            self._stop.wait(max(self.batch_s, 0.2))
+        self.disconnected.emit("viewer closed")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -59,6 +72,10 @@ class TelemetryClient(QThread):
         deadline = time.monotonic() + self.connect_timeout_s
         conn = None
         while not self._stop.is_set():
+            config = read_json(self.run_dir / CONFIG_FILE)  # the launcher writes it at start
+            if isinstance(config, dict) and config.get("telemetry") is False:
+                self._follow_file()  # --no-telemetry: no server, but metrics.jsonl is written
+                return
             try:
                 conn = Connection(self.run_dir, timeout_s=5.0)
                 break

@@ -235,3 +235,20 @@ def test_opening_an_interrupted_run_says_how_it_ended(open_window, tmp_path: Pat
     assert w.store.info.state == "interrupted"
     assert "killed: interrupted at step 30" in w.message_label.text()
     assert "launcher is gone" in w.message_label.text()
+
+
+@pytest.mark.slow
+def test_a_run_without_telemetry_is_followed_through_its_metrics_file(
+        qtbot, open_window, tmp_path: Path) -> None:
+    with endless_run(tmp_path, "--log-every", "5", "--no-telemetry") as (_proc, run_dir):
+        wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) >= 20, 120,
+                 "the terminal run to train 20 steps")
+        assert not (run_dir / "monitor.json").exists()
+        w = open_window(tmp_path)
+        qtbot.waitUntil(lambda: w.controller.active, timeout=20_000)
+        qtbot.waitUntil(lambda: w.store.info.step >= 30, timeout=60_000)
+        assert w.store.mean_loss.x[0] == 5  # from the first report
+        with qtbot.waitSignal(w.controller.finished, timeout=120_000) as sig:
+            w.stop_action.trigger()  # no socket: SIGTERM to the launcher, an agreed stop
+        assert sig.args[0]["state"] == "stopped" and sig.args[0]["leftover_pids"] == []
+        assert not processes_mentioning(str(run_dir))

@@ -16,7 +16,7 @@ TORCH_CUDA ?= torch
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run demo test lint screenshot clean
+.PHONY: install run demo test lint screenshot reliability clean
 
 install: $(STAMP)
 
@@ -48,6 +48,11 @@ lint: install
 
 test: install lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# docs/RELIABILITY.md from a run of the fault matrix (tests/faults/).
+reliability: install
+	RANKSCOPE_RELIABILITY=docs/RELIABILITY.md QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q tests/faults \
+	  --deselect tests/faults/test_matrix.py::test_the_reliability_document_lists_every_case
 
 # docs/screenshot.png from a real window under Xvfb. Debian packages it needs:
 SCREENSHOT_DEBS = xvfb xdotool x11-utils imagemagick libxcb-cursor0 libxkbcommon-x11-0 \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import (
@@ -16,6 +17,7 @@ from PySide6.QtWidgets import (
 
 from app.charts.panels import DevicePanel, LossPanel, SyncPanel, ThroughputPanel
 from app.metric_store import MetricStore
+from ddp_engine.heartbeat import hang_hint, read_heartbeats
 from ddp_engine.runs import fmt_duration
 
 REDRAW_MS = 33  # at most ~30 redraws a second, however fast messages arrive
@@ -53,6 +55,7 @@ class Dashboard(QWidget):
         layout.addLayout(grid, 1)
         self._drawn_version = -1
         self.redraws = 0
+        self.run_dir: Path | None = None  # the run shown: its heartbeats word the hang hint
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.redraw)
         self.timer.start(REDRAW_MS)
@@ -92,13 +95,15 @@ class Dashboard(QWidget):
             parts.append("straggler: " + ", ".join(
                 f"rank {r} step time {100 * x:.0f}% above the median"
                 for r, x in sorted(stragglers.items())))
-        stall = self.store.stall_s(time.time())
+        now = time.time()
+        stall = self.store.stall_s(now)
         if stall is not None:
             info = self.store.info
+            hint = hang_hint(read_heartbeats(self.run_dir), now) if self.run_dir else None
             parts.append(f"no progress for {stall:.0f} s (typical report interval "
                          f"{fmt_duration(min(info.interval_s) if info.interval_s else None)}); "
-                         f"every rank last reported step {info.step}: a rank may be hung in "
-                         "a step or a collective (see Logs)")
+                         f"every rank last reported step {info.step}: "
+                         + (hint or "a rank may be hung in a step or a collective (see Logs)"))
         text = "\n".join(parts)
         if text != self.alert.text():
             self.alert.setText(text)

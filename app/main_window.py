@@ -214,6 +214,7 @@ class MainWindow(QMainWindow):
 
     def _viewing(self, run_dir: Path) -> None:
         self.viewing = run_dir
+        self.dashboard.run_dir = run_dir
         self.logs.follow(run_dir)
         self.setWindowTitle(f"Rankscope - {run_dir.name}")
         self.tabs.setCurrentWidget(self.dashboard)

@@ -56,6 +56,7 @@ class RunController(QObject):
         self.launcher: LauncherProcess | None = None
         self.client: TelemetryClient | None = None
         self._stop_phase = 0
+        self._signal_when_ready = False
         self._stop_started = 0.0
         self._last_tree_scan = 0.0
         self._timer = QTimer(self)
@@ -94,6 +95,7 @@ class RunController(QObject):
         self.run_dir = run_dir
         self.launcher = LauncherProcess(config_path, run_dir / "launcher.log", build_env())
         self._stop_phase = 0
+        self._signal_when_ready = False
         self._set_state("starting")
         pid = self.launcher.start()
         self.notice.emit(f"launcher started (pid {pid}), run folder {run_dir}")
@@ -114,6 +116,7 @@ class RunController(QObject):
         self.run_dir = run_dir
         self.launcher = LauncherProcess.adopt(owner)
         self._stop_phase = 0
+        self._signal_when_ready = False
         self._set_state("starting")
         if status and status.get("state") in ("running", "stopping"):
             self._set_state(str(status["state"]))
@@ -148,6 +151,12 @@ class RunController(QObject):
         self._set_state("stopping")
         if self.client is not None and self.client.send({"type": "stop"}):
             self.notice.emit("stop sent: all ranks will stop at the same step")
+        elif self.run_dir is not None and read_status(self.run_dir) is None:
+            # The launcher writes status.json once its own signal handlers are in place; a
+            # SIGTERM before that would kill it outright. It goes out when the file appears.
+            self._signal_when_ready = True
+            self.notice.emit("stop: the launcher is starting; it will be stopped once it can "
+                             "stop cleanly")
         else:  # not connected (yet): the launcher forwards SIGTERM to the ranks
             self.launcher.signal_group(signal.SIGTERM)
             self.notice.emit("stop: SIGTERM sent to the launcher")
@@ -195,6 +204,10 @@ class RunController(QObject):
             self.launcher.remember_tree(pids)
         if status.get("state") == "running" and self.state == "starting":
             self._set_state("running")
+        if self._signal_when_ready and status:
+            self._signal_when_ready = False
+            self.launcher.signal_group(signal.SIGTERM)
+            self.notice.emit("stop: SIGTERM sent to the launcher")
         if self._stop_phase:
             self._escalate()
         if not self.launcher.ended():
@@ -211,7 +224,13 @@ class RunController(QObject):
             status.update({"state": end.get("kind"), "step": end.get("step"),
                            "reason": end.get("reason")} if end else {})
         state = status.get("state")
-        if state not in FINAL_STATES:
+        if state not in FINAL_STATES and self._stop_phase == 3:  # we SIGKILLed it: a stop
+            state = "stopped"
+            status["forced"] = True
+            status["reason"] = (f"forced: the agreed stop and SIGTERM did not end the run "
+                                f"within {self.grace_s + self.kill_after_s:g} s, so every "
+                                "process of it was SIGKILLed")
+        elif state not in FINAL_STATES:
             state = "failed"
             status["reason"] = status.get("reason") or (
                 (f"the launcher exited with code {code}" if code is not None else

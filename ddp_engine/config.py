@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import socket
 import tomllib
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,7 @@ PATH_DATASETS: tuple[str, ...] = ("text", "imagefolder")
 BUILTIN_LOSSES: tuple[str, ...] = ("cross_entropy", "mse")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+NONFINITE_POLICIES: tuple[str, ...] = ("stop", "warn")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
 _PLUGIN_RE = re.compile(r"^(?P<target>.+?):(?P<func>[A-Za-z_][A-Za-z0-9_]*)$")
@@ -107,6 +109,10 @@ class RunConfig:
     """Gradient accumulation: micro-batches per optimizer step."""
     grad_clip: float | None = _f("clip the gradient norm to this value")
     """Max gradient norm, or None for no clipping."""
+    nonfinite_loss: str = _f("a NaN or infinite loss: stop (an agreed stop that keeps the last "
+                             "good checkpoint) or warn (a warning event, training goes on)",
+                             "stop")
+    """What a non-finite loss does; checked on reporting steps (every log_every)."""
     find_unused_parameters: bool = _f("DDP find_unused_parameters", False)
     """Passed to DistributedDataParallel."""
     num_workers: int = _f("DataLoader worker processes per rank", 0)
@@ -195,6 +201,7 @@ class RunConfig:
                               f"gpt-tiny or a plugin, got model {self.model!r}")
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("precision", self.precision, PRECISIONS)
+        _choice("nonfinite_loss", self.nonfinite_loss, NONFINITE_POLICIES)
         _choice("device", self.device, DEVICES)
         if self.gpus is not None:
             if not self.gpus:
@@ -613,6 +620,19 @@ def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None
         raise ConfigError(f"run_dir: {cfg.run_dir!r} is a file, not a folder")
     if Path(cfg.runs_dir).exists() and not Path(cfg.runs_dir).is_dir():
         raise ConfigError(f"runs_dir: {cfg.runs_dir!r} is a file, not a folder")
+    if cfg.telemetry and cfg.monitor_port:
+        check_port_free("monitor_port", cfg.monitor_port)
+
+
+def check_port_free(field_name: str, port: int) -> None:
+    """Raise ConfigError if nothing can listen on 127.0.0.1:``port`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise ConfigError(f"{field_name}: port {port} on 127.0.0.1 is not free "
+                              f"({e.strerror or e}); choose another, or 0 for a free one") \
+                from None
 
 
 def resolved_device(cfg: RunConfig, gpu_count: int) -> str:

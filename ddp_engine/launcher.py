@@ -97,12 +97,19 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
         changes.update(nproc=nproc, gpus=None)
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks must not grab a GPU
         env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
-    if cfg.run_dir:
+    if create_run_dir:
+        field, where = ("run_dir", cfg.run_dir) if cfg.run_dir else ("runs_dir", cfg.runs_dir)
+        try:
+            run_dir = prepare_run_dir(Path(cfg.run_dir).resolve() if cfg.run_dir else
+                                      new_run_dir(cfg.runs_dir, cfg.default_name()).resolve())
+            probe = run_dir / ".rankscope-write-test"
+            probe.write_bytes(b"")  # a read-only or full file system fails here, not in a rank
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(f"{field}: cannot write the run folder under {where!r}: "
+                              f"{e.strerror or e}") from None
+    elif cfg.run_dir:
         run_dir = Path(cfg.run_dir).resolve()
-        if create_run_dir:
-            prepare_run_dir(run_dir)
-    elif create_run_dir:
-        run_dir = prepare_run_dir(new_run_dir(cfg.runs_dir, cfg.default_name()).resolve())
     else:
         run_dir = Path(cfg.runs_dir).resolve() / f"{cfg.default_name()}-<timestamp>"
     changes["run_dir"] = str(run_dir)
@@ -334,8 +341,8 @@ class LauncherSignals:
     - afterwards ("done"), a signal is only remembered: the final sweep runs anyway.
     """
 
-    def __init__(self, monitor: RunMonitor) -> None:
-        self.monitor = monitor
+    def __init__(self, monitor: RunMonitor | None = None) -> None:
+        self.monitor = monitor  # set once the run folder exists
         self.seen: list[str] = []
         self.phase = "startup"
         self.agent_signals = 0
@@ -357,6 +364,8 @@ class LauncherSignals:
 
     def force(self) -> None:
         """SIGTERM every process of the run now and SIGKILL what is left a little later."""
+        if self.monitor is None:
+            return
         self.monitor.poll_once(scan_processes=True)
         procs = list(self.monitor.procs.values())
         threading.Thread(target=sweep, args=(procs,), name="rankscope-force-stop",
@@ -365,6 +374,10 @@ class LauncherSignals:
 
 def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     """Run a whole launch. Returns the process exit code (0 completed or stopped)."""
+    # Handlers first, before status.json exists: whoever sees status.json may signal us, and a
+    # stop that early must end the run as "stopped during start-up", not kill the launcher.
+    signals = LauncherSignals()
+    signals.install()
     try:
         plan = plan_launch(cfg, create_run_dir=not cfg.dry_run)
     except ConfigError as e:
@@ -384,8 +397,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     print(f"[rankscope] run folder {run_dir}", file=out, flush=True)
     print(f"[rankscope] {plan.command()}", file=out, flush=True)
     monitor = RunMonitor(run_dir, status, out, world_size=plan.cfg.nproc or 1)
-    signals = LauncherSignals(monitor)
-    signals.install()
+    signals.monitor = monitor
     monitor.start()
 
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -93,7 +93,11 @@ class Telemetry:
         if port is None:
             return
         self._sel = selectors.DefaultSelector()
-        self._listener = socket.create_server(("127.0.0.1", port))
+        try:
+            self._listener = socket.create_server(("127.0.0.1", port))
+        except OSError as e:  # taken between the launcher's check and now
+            raise OSError(e.errno, f"monitor_port: port {port} on 127.0.0.1 is not free "
+                          f"({e.strerror}); choose another, or 0 for a free one") from None
         self._listener.setblocking(False)
         self._sel.register(self._listener, selectors.EVENT_READ, "listen")
         self._wake_r, self._wake_w = socket.socketpair()

@@ -23,6 +23,7 @@ from ddp_engine.data import DataBundle, build_datasets, make_loader
 from ddp_engine.device_sampler import KEYS as DEVICE_KEYS
 from ddp_engine.device_sampler import DeviceSampler
 from ddp_engine.distributed import DistContext, StopFlag, all_gather_rows
+from ddp_engine.heartbeat import Heartbeat
 from ddp_engine.losses import build_loss
 from ddp_engine.models import build_model
 from ddp_engine.sync_timing import StepTimer
@@ -50,8 +51,9 @@ class Trainer:
     """Builds model, data and optimizer from a RunConfig and runs the loop on one rank."""
 
     def __init__(self, cfg: RunConfig, ctx: DistContext, run_dir: Path, stop: StopFlag,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, heartbeat: Heartbeat | None = None) -> None:
         self.cfg = cfg
+        self.heartbeat = heartbeat
         self.ctx = ctx
         self.rank = ctx.info.rank
         self.world = ctx.info.world_size
@@ -61,6 +63,8 @@ class Trainer:
         self.telemetry = telemetry  # rank 0 only
         self.pos = Position()
         self._last_eval_step = -1
+        self._last_checkpoint_step: int | None = None
+        self._poisoned = False  # a non-finite loss was seen and the policy is "stop"
         # RANKSCOPE_SYNC_DEBUG=1: torch.cuda.set_sync_debug_mode("warn") around each step, so a
         # host-device synchronization inside the step shows up as a warning in the rank's log.
         self._sync_debug = (os.environ.get("RANKSCOPE_SYNC_DEBUG") == "1"
@@ -182,12 +186,22 @@ class Trainer:
                 self.pos.step_in_epoch += 1
                 interval.add(loss, cfg.batch_size * cfg.grad_accum)
                 step = self.pos.step
-                if step % cfg.log_every == 0 or step == self.total_steps:
-                    self._report(interval)
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                checkpoint_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+                # A checkpoint step is a reporting step too: the loss is checked before the
+                # weights are saved, so a NaN never reaches last.pt.
+                if step % cfg.log_every == 0 or step == self.total_steps or checkpoint_due:
+                    self._phase("report")
+                    bad = self._report(interval)
+                    if bad and self._nonfinite(bad):
+                        outcome = "stopped"
+                        break
+                if checkpoint_due:
+                    self._phase("checkpoint")
                     self.save_checkpoint(periodic=True)
                 if self.val_loader is not None and cfg.eval_every and step % cfg.eval_every == 0:
+                    self._phase("eval")
                     self.evaluate()
+                self._phase("stop_check")
                 if self.stop.agreed(step):
                     outcome = "stopped"
                     break
@@ -198,11 +212,16 @@ class Trainer:
             if self.pos.step_in_epoch >= self.steps_per_epoch:
                 self.pos.epoch += 1
                 self.pos.step_in_epoch = 0
+        if interval.steps and not self._poisoned:  # the steps since the last report
+            bad = self._report(interval)
+            if bad:
+                self._nonfinite(bad)
         if outcome == "stopped":
             self._emit_event("stopping", step=self.pos.step, reason=self.stop.reason)
         elif self.val_loader is not None and self._last_eval_step != self.pos.step:
             self.evaluate()
-        self.save_checkpoint(periodic=False)
+        if not self._poisoned:  # weights after a NaN loss are not worth keeping
+            self.save_checkpoint(periodic=False)
         self._emit_event(outcome, step=self.pos.step, epoch=self.pos.epoch)
         return outcome
 
@@ -213,6 +232,7 @@ class Trainer:
         self.model.train()
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
+            self._phase("data")
             t0 = time.perf_counter()
             x, y = next(batches)
             if timer is not None:
@@ -223,11 +243,13 @@ class Trainer:
             # no_sync skips the gradient all-reduce on all but the last micro-step.
             sync_ctx = contextlib.nullcontext() if last else self.model.no_sync()
             with sync_ctx:
+                self._phase("forward")
                 s0 = timer.stamp() if timer is not None else None
                 with torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                     enabled=self.autocast_dtype is not None):
                     loss = self.loss_fn(self.model(x), y) / cfg.grad_accum
                 s1 = timer.stamp() if timer is not None else None
+                self._phase("backward")  # ends waiting for the gradient all-reduce
                 if self.scaler is not None:
                     self.scaler.scale(loss).backward()
                 else:
@@ -240,6 +262,7 @@ class Trainer:
                         timer.mark_backward_end(s2)
             total += loss.detach().float()
         s3 = timer.stamp() if timer is not None else None
+        self._phase("optimizer")
         if cfg.grad_clip is not None:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
@@ -256,8 +279,34 @@ class Trainer:
         return total
 
     # ------------------------------------------------------------------------------ reporting
-    def _report(self, interval: _Interval) -> None:
-        """Gather every rank's interval stats on the CPU side group; rank 0 writes them."""
+    def _phase(self, phase: str) -> None:
+        """Tell the heartbeat where the loop is (two attribute writes, no I/O)."""
+        if self.heartbeat is not None:
+            self.heartbeat.enter(phase, self.pos.step)
+
+    def _nonfinite(self, bad: dict[int, float]) -> bool:
+        """A rank's loss was NaN or infinite in the last interval: warn, and (policy "stop")
+        stop. Every rank decides from the same gathered rows, so all stop at this step without
+        another collective. Returns True to stop."""
+        where = ", ".join(f"rank {r}: {v}" for r, v in sorted(bad.items()))
+        stop = self.cfg.nonfinite_loss == "stop"
+        last = self._last_checkpoint_step
+        keeps = (f"checkpoints/last.pt (step {last}) is kept" if last is not None
+                 else "no checkpoint was saved before it")
+        message = (f"non-finite loss at step {self.pos.step} ({where})"
+                   + (f": stopping; {keeps}" if stop else ": training goes on "
+                      "(--nonfinite-loss warn)"))
+        self._emit_event("warning", step=self.pos.step, message=message,
+                         ranks=sorted(bad), cause="nonfinite_loss")
+        if stop:
+            self._poisoned = True
+            self.stop.request(message)
+        return stop
+
+    def _report(self, interval: _Interval) -> dict[int, float]:
+        """Gather every rank's interval stats on the CPU side group; rank 0 writes them.
+        Returns the ranks whose mean loss over the interval was not finite (the same answer
+        on every rank)."""
         values: dict[str, float | None] = dict(interval.take())  # loss.item(): a sync point,
         # on reporting steps only
         values.update(self.timer.collect() if self.timer is not None
@@ -268,8 +317,10 @@ class Trainer:
         values["on_cuda"] = 1.0 if self.device.type == "cuda" else 0.0
         row = [math.nan if values[k] is None else float(values[k] or 0.0) for k in REPORT_FIELDS]
         rows = all_gather_rows(row, self.ctx.side_group, self.world)
+        loss_at = REPORT_FIELDS.index("loss")
+        bad = {r: got[loss_at] for r, got in enumerate(rows) if not math.isfinite(got[loss_at])}
         if self.telemetry is None:
-            return
+            return bad
         ranks = []
         for r, gathered in enumerate(rows):
             got = dict(zip(REPORT_FIELDS, gathered, strict=True))
@@ -282,6 +333,7 @@ class Trainer:
             ranks.append(entry)
         self.telemetry.publish({"type": "metrics", "step": self.pos.step, "epoch": self.pos.epoch,
                            "total_steps": self.total_steps, "ranks": ranks})
+        return bad
 
     def _emit_event(self, kind: str, **fields: Any) -> None:
         if self.telemetry is not None:
@@ -319,6 +371,7 @@ class Trainer:
         """Collective: every rank contributes its RNG state; rank 0 alone writes the file."""
         rngs: list[Any] = [None] * self.world
         dist.all_gather_object(rngs, checkpoint.capture_rng(), group=self.ctx.side_group)
+        self._last_checkpoint_step = self.pos.step
         if self.rank != 0:
             return
         pos = self.pos

@@ -27,6 +27,7 @@ from ddp_engine.distributed import (
     init_distributed,
     teardown,
 )
+from ddp_engine.heartbeat import Heartbeat
 from ddp_engine.run_dir import atomic_write_json, new_run_dir, prepare_run_dir, rank_file
 from ddp_engine.telemetry import Telemetry
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
     run_dir: Path | None = None
     telemetry: Telemetry | None = None
+    heartbeat: Heartbeat | None = None
     try:
         stop.attach(ctx.side_group)
         run_dir = resolve_run_dir(cfg, ctx)
@@ -81,9 +83,11 @@ def main(argv: list[str] | None = None) -> int:
                 port=cfg.monitor_port if cfg.telemetry else None,
                 buffer_bytes=cfg.monitor_buffer_bytes)
         write_rank_state(run_dir, ctx, "running")
+        heartbeat = Heartbeat(run_dir, ctx.info.rank)
+        heartbeat.start()
         from ddp_engine.trainer import Trainer  # after init: model/data building is slow
 
-        trainer = Trainer(cfg, ctx, run_dir, stop, telemetry)
+        trainer = Trainer(cfg, ctx, run_dir, stop, telemetry, heartbeat)
         outcome = trainer.run()
         write_rank_state(run_dir, ctx, outcome, step=trainer.pos.step, epoch=trainer.pos.epoch)
         log.info("%s at step %d", outcome, trainer.pos.step)
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s", e)
         raise
     finally:
+        if heartbeat is not None:
+            heartbeat.close()
         if telemetry is not None:
             telemetry.close()
         teardown()

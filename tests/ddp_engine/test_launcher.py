@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -140,64 +139,6 @@ def test_a_stop_signal_mid_run_stops_all_ranks_at_one_step(tmp_path: Path, sig: 
     assert state["step"] == step
     assert events(run_dir, "stopped")[0]["step"] == step
     assert_no_process_left(run_dir)
-
-
-def test_ctrl_c_twice_forces_a_hung_run_down(tmp_path: Path) -> None:
-    hang = ("--log-every", "1", "--loss", f"{FAULTY}:hang_on_rank1")
-    with endless_run(tmp_path, *hang) as (proc, run_dir):
-        wait_for(lambda: len(read_rank_files(run_dir)) == 2, 120, "both ranks to start")
-        wait_for(lambda: len(metrics(run_dir)) >= 1, 60, "a first report")
-        proc.send_signal(signal.SIGINT)  # rank 1 hangs: the agreed stop cannot happen
-        wait_for(lambda: "shutting down workers" in (tmp_path / "out.log").read_text(), 30,
-                 "the launcher to forward the stop")
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=60)
-    out = (tmp_path / "out.log").read_text()
-    assert code == 130, out
-    status = read_status(run_dir)
-    assert status["state"] == "stopped" and status["forced"] is True, status
-    assert "forced stop" in status["reason"]
-    assert_no_process_left(run_dir)
-
-
-def test_a_raising_rank_fails_the_run_and_is_named(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = run_engine("launch", "--nproc", "2", "--max-steps", "100", "--loss",
-                      f"{FAULTY}:raise_on_rank1", "--run-dir", str(run_dir))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    status = read_status(run_dir)
-    assert status["state"] == "failed"
-    assert status["reason"].startswith("rank 1 failed: RuntimeError: boom from the test plugin")
-    assert "Traceback" not in status["reason"]  # one line, not the error file's dump
-    assert status["exit_codes"]["1"] not in (0, None)
-    log = rank_log_files(run_dir)[1].read_text()
-    assert "Traceback" in log and "RuntimeError: boom from the test plugin" in log
-    assert "failed" in proc.stdout and "rank 1" in proc.stdout
-    assert_no_process_left(run_dir)
-
-
-def test_a_rank_killed_by_a_signal_is_named(tmp_path: Path) -> None:
-    with endless_run(tmp_path) as (proc, run_dir):
-        wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "training to report")
-        os.kill(read_rank_files(run_dir)[1]["pid"], signal.SIGKILL)
-        assert proc.wait(timeout=90) == 1
-    status = read_status(run_dir)
-    assert status["state"] == "failed"
-    assert "rank 1 was killed by signal SIGKILL" in status["reason"], status["reason"]
-    assert status["exit_codes"]["1"] == -9
-    assert_no_process_left(run_dir)
-
-
-def test_ranks_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
-    """SIGKILL to the launcher: the parent-death signal makes the ranks agree to stop."""
-    with endless_run(tmp_path) as (proc, run_dir):
-        wait_for(lambda: len(metrics(run_dir)) >= 1, 120, "training to report")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        wait_for(lambda: not processes_mentioning(str(run_dir)), 60, "the ranks to exit")
-    ranks = read_rank_files(run_dir)
-    assert {d["state"] for d in ranks.values()} == {"stopped"}, ranks
-    assert "the launcher died" in events(run_dir, "stopping")[0]["reason"]
 
 
 def test_stop_during_start_up_leaves_nothing(tmp_path: Path) -> None:

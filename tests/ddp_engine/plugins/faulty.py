@@ -32,3 +32,13 @@ def slow(output, target):
     can rely on it still training a while."""
     time.sleep(0.02)
     return F.cross_entropy(output, target)
+
+
+def nan_on_rank1_from_step_25(output, target):
+    """Rank 1's loss is NaN from its 25th micro-step on (a diverging run)."""
+    global _calls
+    _calls += 1
+    loss = F.cross_entropy(output, target)
+    if os.environ.get("RANK") == "1" and _calls >= 25:
+        return loss * float("nan")
+    return loss

@@ -21,8 +21,6 @@ import pytest
 
 CASES: dict[str, dict[str, str]] = {}  # test name -> {"title", "expected"}
 PENDING: list[tuple[str, str]] = [
-    ("A rank hangs until the process-group timeout (--dist-timeout-s) fails the run",
-     "not yet in the matrix"),
     ("The app is SIGKILLed", "tested outside the matrix: tests/app/test_runs_panel.py::"
      "test_the_app_killed_mid_run_leaves_it_training_and_the_next_start_reattaches"),
     ("SIGKILL during a checkpoint save", "tested at the unit level only: tests/ddp_engine/"

@@ -140,3 +140,23 @@ def test_the_hang_hint_names_the_hung_rank_and_stop_clears_it(
     observed.append(f"hint {named_after:.0f} s after the last report: \"...step {hint}\"; "
                     f"Stop (grace 2 s, kill after 5 s) ended it in {took:.0f} s: "
                     f"{result['reason']}; no process left")
+
+
+@fault_case("A rank hangs inside a step and nobody stops the run (--dist-timeout-s 15)",
+            "the process-group timeout turns the hang into a failure: the waiting rank's "
+            "collective times out, the run ends failed naming the timeout, no process left")
+def test_the_process_group_timeout_fails_a_hung_run(tmp_path: Path,
+                                                    observed: list[str]) -> None:
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = run_engine("launch", "--nproc", "2", "--max-steps", "100000", "--log-every", "1",
+                      "--dist-timeout-s", "15", "--shutdown-timeout-s", "5", "--loss",
+                      f"{FAULTY}:hang_on_rank1", "--run-dir", str(run_dir))
+    took = time.monotonic() - started
+    status = read_status(run_dir)
+    assert proc.returncode == 1 and status["state"] == "failed", proc.stderr[-2000:]
+    assert "Timed out waiting 15000ms" in status["reason"]
+    assert "rank 1 was killed by signal SIGKILL" in status["reason"]
+    assert_no_process_left(run_dir)
+    observed.append(f"failed {took:.0f} s after the launch: {status['reason'][:90]}... ; no "
+                    "process left")

@@ -258,7 +258,7 @@ def test_a_sweep_of_one_and_two_processes_completes(tmp_path: Path) -> None:
         assert (config["nproc"], config["max_steps"], config["run_dir"]) == (n, 20, str(run))
         assert (run / "launch.toml").is_file() and (run / "checkpoints" / "last.pt").is_file()
         assert "completed at step 20" in (run / "launcher.log").read_text()
-        assert sorted(p.name for p in (run / "ranks").iterdir()) == [
+        assert sorted(p.name for p in (run / "ranks").glob("rank-*.json")) == [
             f"rank-{r}.json" for r in range(n)]
     first, second = group["results"]
     assert first["efficiency"] == 1.0

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -111,12 +112,16 @@ class LauncherProcess:
             else:
                 os.kill(pid, sig)
 
-    def kill_all(self) -> None:
-        """SIGKILL the launcher's group and every process of the run still alive."""
+    def kill_all(self, wait_s: float = 5.0) -> None:
+        """SIGKILL the launcher's group and every process of the run still alive, then wait up
+        to ``wait_s`` for them to be gone (a SIGKILLed process takes a moment to exit)."""
         self.signal_group(signal.SIGKILL)
         for p in self.alive():
             with contextlib.suppress(psutil.Error):
                 p.kill()
+        deadline = time.monotonic() + wait_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def alive(self) -> list[psutil.Process]:
         """Processes of the run that are still running (zombies excepted)."""

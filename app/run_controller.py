@@ -171,7 +171,7 @@ class RunController(QObject):
             self.notice.emit(f"the run did not stop within {self.grace_s:g} s: SIGTERM sent")
         elif self._stop_phase == 2 and waited > self.kill_after_s:
             self._stop_phase = 3
-            self.launcher.kill_all()
+            self.launcher.kill_all(wait_s=0.0)  # _finish waits for them
             self.notice.emit("the run did not end after SIGTERM: SIGKILL sent")
 
     def detach(self) -> None:

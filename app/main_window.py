@@ -29,7 +29,7 @@ from app.runs_panel import RunsPanel
 from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.devices import GpuInfo
 from ddp_engine.run_dir import CONFIG_FILE, read_json, read_status
-from ddp_engine.runs import RunIndex, RunSummary
+from ddp_engine.runs import RunIndex, RunSummary, walk
 from ddp_engine.sweep import is_group
 
 if TYPE_CHECKING:
@@ -69,7 +69,6 @@ class MainWindow(QMainWindow):
         runs_dock.setFeatures(QDockWidget.DockWidgetFeature.NoDockWidgetFeatures)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, runs_dock)
         self.resizeDocks([runs_dock], [190], Qt.Orientation.Vertical)
-        self.launch_dock_widget: QDockWidget | None = None
         scroll = QScrollArea()
         scroll.setWidget(self.panel)
         scroll.setWidgetResizable(True)
@@ -78,7 +77,7 @@ class MainWindow(QMainWindow):
         dock.setWidget(scroll)
         dock.setFeatures(QDockWidget.DockWidgetFeature.NoDockWidgetFeatures)
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
-        self.launch_dock_widget = dock
+        self.launch_dock = dock
 
         self.start_action = QAction("Start", self)
         self.start_action.setShortcut(QKeySequence("F5"))
@@ -263,7 +262,7 @@ class MainWindow(QMainWindow):
         self._reattach_pending = False
         if self.controller.active or self.viewing is not None:
             return
-        live = [s for s in _flatten(summaries) if s.live and s.kind == "run"]
+        live = [s for s in walk(summaries) if s.live and s.kind == "run"]
         if live:
             newest = max(live, key=lambda s: s.started or 0.0)
             self.open_run(newest.path)
@@ -294,8 +293,7 @@ class MainWindow(QMainWindow):
         cfg = dataclasses.replace(cfg, resume=str(ckpt), run_dir=None, dry_run=False,
                                   runs_dir=str(self.runs.runs_dir))
         self.panel.set_config(cfg)
-        if self.launch_dock_widget is not None:
-            self.launch_dock_widget.raise_()
+        self.launch_dock.raise_()
         step = (read_status(path) or {}).get("step")
         hint = ""
         if isinstance(step, int) and cfg.max_steps is not None and cfg.max_steps <= step:
@@ -415,10 +413,3 @@ class MainWindow(QMainWindow):
         else:
             event.ignore()
 
-
-def _flatten(summaries: list[RunSummary]) -> list[RunSummary]:
-    out = []
-    for s in summaries:
-        out.append(s)
-        out.extend(_flatten(s.children))
-    return out

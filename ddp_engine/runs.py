@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -353,12 +354,13 @@ class RunIndex:
         return s
 
 
+def walk(summaries: list[RunSummary]) -> Iterator[RunSummary]:
+    """Every summary and, after each, its children (a sweep's runs)."""
+    for s in summaries:
+        yield s
+        yield from walk(s.children)
+
+
 def find(summaries: list[RunSummary], path: Path) -> RunSummary | None:
     """The summary of ``path`` among ``summaries`` and their children."""
-    for s in summaries:
-        if s.path == path:
-            return s
-        hit = find(s.children, path)
-        if hit is not None:
-            return hit
-    return None
+    return next((s for s in walk(summaries) if s.path == path), None)

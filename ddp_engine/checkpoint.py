@@ -4,42 +4,67 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from ddp_engine.config import ConfigError
+from ddp_engine.run_dir import atomic_write
 
 FORMAT = "rankscope-checkpoint"
 FORMAT_VERSION = 1
 
 
-def save_atomic(payload: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """torch.save to a temp file in the same folder, fsync, then os.replace.
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the message names the path, the cause and which
+    checkpoint the run keeps."""
 
-    A kill at any moment leaves either the previous file or the new one, never a torn file.
+
+def save_atomic(payload: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """torch.save to a temp file in the same folder, fsync, then os.replace (and fsync the
+    folder). A kill at any moment leaves either the previous file or the new one, never a torn
+    file; the temp file a killed save leaves is removed by the next save of the same path.
+
+    Raises:
+        OSError: the file could not be written (full disk, permissions); ``path`` is untouched.
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    atomic_write(p, lambda f: write_to(payload, f), sole_writer=True, durable=True)
+
+
+class _Recording:
+    """A file's ``write`` that remembers the OSError it raised: torch's zip writer turns it into
+    a RuntimeError ("unexpected pos 147520 vs 147472") that no longer says the disk is full."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def write_to(payload: dict[str, Any], f: BinaryIO) -> None:
+    """torch.save into an open file.
+
+    Raises:
+        OSError: the file could not be written (ENOSPC, EDQUOT, EIO), as the OS said it.
+    """
+    out = _Recording(f)
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        dir_fd = os.open(p.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        torch.save(payload, out)  # type: ignore[arg-type]
+    except RuntimeError as e:
+        if out.error is not None:
+            raise out.error from e
         raise
 
 

@@ -44,6 +44,7 @@ from ddp_engine.run_dir import (
     new_run_dir,
     prepare_run_dir,
     read_rank_files,
+    remove_partial_writes,
 )
 from ddp_engine.runs import fmt_duration
 
@@ -128,6 +129,7 @@ class StatusFile:
     def __init__(self, folder: Path, **initial: Any) -> None:
         self.path = folder / STATUS_FILE
         self._lock = threading.Lock()
+        self.error: OSError | None = None
         self.data: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0,
                                      "launcher_pid": os.getpid(), "pids": {},
                                      "hostname": socket.gethostname(),
@@ -144,7 +146,13 @@ class StatusFile:
                 self._write()
 
     def _write(self) -> None:
-        atomic_write_json(self.path, {**self.data, "updated": time.time()})
+        try:
+            atomic_write_json(self.path, {**self.data, "updated": time.time()})
+        except OSError as e:  # a full disk: the terminal still gets every line
+            if self.error is None:
+                print(f"[rankscope] warning: {self.path} cannot be written ({e.strerror}); "
+                      "it may show an older state", file=sys.stderr, flush=True)
+            self.error = e
 
 
 class RunMonitor(threading.Thread):
@@ -473,6 +481,11 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         final["reason"] = _rank_error(run_dir) or final["reason"]
     if leftover:
         final["swept_pids"] = leftover
+    # Every process of the run is gone: a temp file in checkpoints/ is from a save that was
+    # killed (last.pt itself is the previous checkpoint, intact).
+    partial = remove_partial_writes(run_dir / "checkpoints")
+    if partial:
+        final["removed_partial_checkpoints"] = sorted(p.name for p in partial)
     exit_codes = {str(r): (0 if s in ("completed", "stopped") else None) for r, s in states.items()}
     for r, d in (final.get("ranks") or {}).items():
         exit_codes[r] = d.get("exit_code")

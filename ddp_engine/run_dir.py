@@ -18,9 +18,9 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 STATES = ("starting", "running", "stopping", "completed", "stopped", "failed")
 FINAL_STATES = ("completed", "stopped", "failed")
@@ -30,25 +30,56 @@ STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` so that readers see the old or the new file, never a torn one.
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *,
+                 sole_writer: bool = False, durable: bool = False) -> None:
+    """Write a file so that readers see the old or the new one, never a torn one.
 
-    A temporary file in the same folder is written, fsynced and renamed over ``path``.
+    ``write`` fills a temporary file in the same folder (``.NAME.XXXX.tmp``), which is fsynced
+    and renamed over ``path``; on any error the temporary file is removed. A SIGKILL cannot run
+    that cleanup, so with ``sole_writer`` (nobody else ever writes ``path``) temporary files that
+    an earlier, killed write of ``path`` left are removed first: they cannot accumulate.
+    ``durable`` also fsyncs the folder, so that the rename survives a power cut.
     """
     p = Path(path)
+    if sole_writer:
+        remove_partial_writes(p.parent, p.name)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
+        if durable:
+            dir_fd = os.open(p.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
     except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
+
+
+def remove_partial_writes(folder: str | os.PathLike[str], name: str = "*") -> list[Path]:
+    """Remove the temporary files of interrupted :func:`atomic_write` calls for ``name`` (all
+    names by default) in ``folder``. Only safe when no write of those files is in progress."""
+    removed = []
+    for tmp in Path(folder).glob(f".{name}.*.tmp"):
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except OSError:
+            pass
+    return removed
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """:func:`atomic_write` of a UTF-8 text."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:

@@ -36,14 +36,33 @@ class MetricsWriter:
     """
 
     def __init__(self, run_dir: Path) -> None:
-        self._file = open(run_dir / METRICS_FILE, "a", encoding="utf-8")
+        self.path = run_dir / METRICS_FILE
+        self._file = open(self.path, "a", encoding="utf-8")
+        self.error: OSError | None = None
 
     def write_line(self, line: bytes) -> None:
-        self._file.write(line.decode())
-        self._file.flush()
+        """Append and flush one line.
+
+        Raises:
+            OSError: the first time the file cannot be written (full disk), with a message
+                naming it; later lines are dropped quietly, so that the failure can still be
+                reported live and in the rank's own files.
+        """
+        if self.error is not None:
+            return
+        try:
+            self._file.write(line.decode())
+            self._file.flush()
+        except OSError as e:
+            self.error = e
+            raise OSError(e.errno, f"{self.path} cannot be appended to ({e.strerror}): the "
+                          "run's record is incomplete from here") from e
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:
+            pass  # the buffered tail could not be written: already reported by write_line
 
 
 class _Viewer:

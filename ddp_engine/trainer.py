@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_engine import checkpoint
+from ddp_engine.checkpoint import CheckpointError
 from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.data import DataBundle, build_datasets, make_loader
 from ddp_engine.device_sampler import KEYS as DEVICE_KEYS
@@ -284,17 +286,20 @@ class Trainer:
         if self.heartbeat is not None:
             self.heartbeat.enter(phase, self.pos.step)
 
+    def _kept(self) -> str:
+        """Which checkpoint a run that ends now leaves, in words."""
+        last = self._last_checkpoint_step
+        return (f"checkpoints/last.pt (step {last}) is kept" if last is not None
+                else "no checkpoint was saved before it")
+
     def _nonfinite(self, bad: dict[int, float]) -> bool:
         """A rank's loss was NaN or infinite in the last interval: warn, and (policy "stop")
         stop. Every rank decides from the same gathered rows, so all stop at this step without
         another collective. Returns True to stop."""
         where = ", ".join(f"rank {r}: {v}" for r, v in sorted(bad.items()))
         stop = self.cfg.nonfinite_loss == "stop"
-        last = self._last_checkpoint_step
-        keeps = (f"checkpoints/last.pt (step {last}) is kept" if last is not None
-                 else "no checkpoint was saved before it")
         message = (f"non-finite loss at step {self.pos.step} ({where})"
-                   + (f": stopping; {keeps}" if stop else ": training goes on "
+                   + (f": stopping; {self._kept()}" if stop else ": training goes on "
                       "(--nonfinite-loss warn)"))
         self._emit_event("warning", step=self.pos.step, message=message,
                          ranks=sorted(bad), cause="nonfinite_loss")
@@ -371,8 +376,8 @@ class Trainer:
         """Collective: every rank contributes its RNG state; rank 0 alone writes the file."""
         rngs: list[Any] = [None] * self.world
         dist.all_gather_object(rngs, checkpoint.capture_rng(), group=self.ctx.side_group)
-        self._last_checkpoint_step = self.pos.step
         if self.rank != 0:
+            self._last_checkpoint_step = self.pos.step
             return
         pos = self.pos
         epoch, step_in_epoch = pos.epoch, pos.step_in_epoch
@@ -392,14 +397,21 @@ class Trainer:
             "config": self.cfg.to_dict(),
         }
         folder = self.run_dir / "checkpoints"
-        path = folder / "last.pt"
-        checkpoint.save_atomic(payload, path)
-        paths = [str(path)]
+        paths = [folder / "last.pt"]
         if periodic and self.cfg.keep_step_checkpoints:
-            step_path = folder / f"step-{pos.step}.pt"
-            checkpoint.save_atomic(payload, step_path)
-            paths.append(str(step_path))
-        self._emit_event("checkpoint_saved", step=pos.step, epoch=epoch, paths=paths)
+            paths.append(folder / f"step-{pos.step}.pt")
+        for path in paths:
+            try:
+                checkpoint.save_atomic(payload, path)
+            except OSError as e:  # full disk, quota, permissions: the previous file is intact
+                why = e.strerror or str(e)
+                code = f"{errno.errorcode.get(e.errno, e.errno)}, " if e.errno else ""
+                raise CheckpointError(f"the checkpoint of step {pos.step} could not be written "
+                                      f"to {path} ({code}{why}); {self._kept()}") from e
+            if path.name == "last.pt":
+                self._last_checkpoint_step = pos.step
+        self._emit_event("checkpoint_saved", step=pos.step, epoch=epoch,
+                         paths=[str(p) for p in paths])
 
 
 class _Interval:

@@ -10,6 +10,7 @@ from ddp_engine.lifeline import arm_parent_death
 arm_parent_death()  # first, before the slow imports: a launcher that dies now takes us along
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -92,12 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         write_rank_state(run_dir, ctx, outcome, step=trainer.pos.step, epoch=trainer.pos.epoch)
         log.info("%s at step %d", outcome, trainer.pos.step)
     except BaseException as e:
-        if run_dir is not None:
-            write_rank_state(run_dir, ctx, "failed", error=f"{type(e).__name__}: {e}",
-                             traceback=traceback.format_exc()[-4000:])
-        if telemetry is not None:
-            telemetry.publish({"type": "event", "kind": "failed", "rank": ctx.info.rank,
-                               "error": f"{type(e).__name__}: {e}"})
+        # Best effort: on a full disk these writes fail too, and must not hide ``e``.
+        with contextlib.suppress(OSError):
+            if run_dir is not None:
+                write_rank_state(run_dir, ctx, "failed", error=f"{type(e).__name__}: {e}",
+                                 traceback=traceback.format_exc()[-4000:])
+            if telemetry is not None:
+                telemetry.publish({"type": "event", "kind": "failed", "rank": ctx.info.rank,
+                                   "error": f"{type(e).__name__}: {e}"})
         if isinstance(e, ConfigError):
             log.error("%s", e)
         raise

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,6 @@ from ddp_engine.runs import RunIndex
 from tests.conftest import (
     REPO,
     endless_run,
-    engine_env,
     make_run_folder,
     processes_mentioning,
     run_engine,
@@ -159,42 +157,6 @@ def test_a_terminal_run_is_reattached_at_start_with_its_history_and_stopped(
         steps = {r["step"] for r in read_rank_files(run_dir).values()}
         assert len(steps) == 1  # every rank stopped at the same step
         assert not processes_mentioning(str(run_dir))
-
-
-@pytest.mark.slow
-def test_the_app_killed_mid_run_leaves_it_training_and_the_next_start_reattaches(
-        qtbot, open_window, tmp_path: Path) -> None:
-    runs_dir = tmp_path / "runs"
-    preset = tmp_path / "p.toml"
-    preset.write_text(f'loss = "{SLOW_LOSS}"\nmax_steps = 1500\nnproc = 2\ndevice = "cpu"\n'
-                      f'runs_dir = "{runs_dir}"\nlog_every = 10\n')
-    app = subprocess.Popen([sys.executable, "main.py", "--runs-dir", str(runs_dir), "--config",
-                            str(preset), "--start"], cwd=REPO,
-                           env={**engine_env(), "QT_QPA_PLATFORM": "offscreen",
-                                "HOME": str(tmp_path)},
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        run_dir = wait_for(lambda: next(iter(runs_dir.glob("*/status.json")), None), 60,
-                           "the app to start a run").parent
-        wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) >= 20, 120,
-                 "the run to train")
-        app.send_signal(signal.SIGKILL)
-        app.wait(10)
-    finally:
-        app.kill()
-    step = read_status(run_dir)["step"]
-    wait_for(lambda: (read_status(run_dir) or {}).get("step", 0) >= step + 30, 60,
-             "the run to keep training without its app")
-    (summary,) = RunIndex(runs_dir).refresh()
-    assert summary.live and summary.state == "running"
-    w = open_window(runs_dir)
-    qtbot.waitUntil(lambda: w.controller.active, timeout=20_000)
-    assert w.viewing == run_dir.resolve()
-    with qtbot.waitSignal(w.controller.finished, timeout=240_000) as sig:
-        pass
-    assert sig.args[0]["state"] == "completed" and sig.args[0]["step"] == 1500
-    assert w.store.info.step == 1500 and w.store.mean_loss.x[0] == 10
-    assert not processes_mentioning(str(run_dir))
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import subprocess
 import sys
@@ -45,6 +46,13 @@ def test_foreign_files_are_refused(tmp_path: Path) -> None:
         checkpoint.load(newer)
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_is_reported_as_the_os_error_not_torchs_zip_error() -> None:
+    with open("/dev/full", "wb", buffering=0) as f, pytest.raises(OSError) as info:
+        checkpoint.write_to(_payload(1) | {"big": torch.zeros(1_000_000)}, f)
+    assert info.value.errno == errno.ENOSPC
+
+
 SAVER = """
 import sys, torch
 from ddp_engine import checkpoint
@@ -77,3 +85,7 @@ def test_a_kill_mid_save_never_leaves_a_torn_checkpoint(tmp_path: Path) -> None:
         state = checkpoint.load(path)  # the previous complete file, intact
         assert state["step"] >= 1
         assert torch.all(state["model"]["w"] == float(state["step"])), attempt
+    # Each kill left at most its own temp file: the next save removed the one before.
+    assert len(list(tmp_path.glob(".last.pt.*.tmp"))) <= 1
+    checkpoint.save_atomic(_payload(99), path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]

@@ -194,3 +194,16 @@ def test_live_run_viewers_and_stop_over_the_socket(tmp_path: Path) -> None:
     assert status["state"] == "stopped" and "stop command from a viewer" in status["reason"]
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert not processes_mentioning(str(run_dir))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_disk_under_metrics_jsonl_is_named_once_then_quiet(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
+    t = Telemetry(tmp_path, welcome_extra={"world_size": 1}, on_stop=lambda: None)
+    try:
+        with pytest.raises(OSError, match=r"metrics.jsonl cannot be appended to \(No space "
+                                          r"left on device\): the run's record is incomplete"):
+            t.publish(_metrics(1, pad=10_000))  # larger than the buffer: written at once
+        t.publish({"type": "event", "kind": "failed", "error": "x"})  # quiet from here
+    finally:
+        t.close()

@@ -21,11 +21,6 @@ import pytest
 
 CASES: dict[str, dict[str, str]] = {}  # test name -> {"title", "expected"}
 PENDING: list[tuple[str, str]] = [
-    ("The app is SIGKILLed", "tested outside the matrix: tests/app/test_runs_panel.py::"
-     "test_the_app_killed_mid_run_leaves_it_training_and_the_next_start_reattaches"),
-    ("SIGKILL during a checkpoint save", "tested at the unit level only: tests/ddp_engine/"
-     "test_checkpoint.py::test_a_kill_mid_save_never_leaves_a_torn_checkpoint"),
-    ("A full disk at checkpoint time", "not yet"),
     ("Leftovers by NVML's compute-process list on GPUs", "not yet (no GPU lent so far)"),
 ]
 """Cases of the issue not in this folder yet, and where they are covered meanwhile."""

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 
 from app.charts.panels import DevicePanel, LossPanel, SyncPanel, ThroughputPanel
 from app.metric_store import MetricStore
-from ddp_engine.heartbeat import hang_hint, read_heartbeats
+from ddp_engine.heartbeat import hang_hint, read_heartbeats, stall_text
 from ddp_engine.runs import fmt_duration
 
 REDRAW_MS = 33  # at most ~30 redraws a second, however fast messages arrive
@@ -100,10 +100,7 @@ class Dashboard(QWidget):
         if stall is not None:
             info = self.store.info
             hint = hang_hint(read_heartbeats(self.run_dir), now) if self.run_dir else None
-            parts.append(f"no progress for {stall:.0f} s (typical report interval "
-                         f"{fmt_duration(min(info.interval_s) if info.interval_s else None)}); "
-                         f"every rank last reported step {info.step}: "
-                         + (hint or "a rank may be hung in a step or a collective (see Logs)"))
+            parts.append(stall_text(stall, info.clock.typical_s(), info.step, hint))
         text = "\n".join(parts)
         if text != self.alert.text():
             self.alert.setText(text)

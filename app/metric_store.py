@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ddp_engine.heartbeat import ReportClock
 from ddp_engine.run_dir import FINAL_STATES, iter_metrics, read_status
 
 RANK_FIELDS: tuple[str, ...] = (
@@ -77,7 +78,8 @@ class RunInfo:
     state: str = "idle"
     devices: dict[int, str] = field(default_factory=dict)
     last_metrics_time: float | None = None
-    interval_s: list[float] = field(default_factory=list)
+    clock: ReportClock = field(default_factory=ReportClock)
+    """When metrics last came, and how often they usually do."""
     start_time: float | None = None
     start_step: int = 0
 
@@ -143,8 +145,7 @@ class MetricStore:
         step = float(m.get("step", 0))
         info = self.info
         now = float(m.get("time") or time.time())
-        if info.last_metrics_time is not None:
-            info.interval_s = (info.interval_s + [now - info.last_metrics_time])[-20:]
+        info.clock.tick(now)
         info.last_metrics_time = now
         info.step = int(step)
         info.epoch = int(m.get("epoch", info.epoch))
@@ -208,8 +209,6 @@ class MetricStore:
         """Seconds since the last report when that is over ``factor`` typical intervals (and
         ``minimum_s``): the run looks hung. None while it is progressing."""
         info = self.info
-        if info.last_metrics_time is None or info.state in ("stopped", "completed", "failed"):
+        if info.state in ("stopped", "completed", "failed"):
             return None
-        since = (now if now is not None else time.time()) - info.last_metrics_time
-        typical = statistics.median(info.interval_s) if info.interval_s else minimum_s
-        return since if since > max(minimum_s, factor * typical) else None
+        return info.clock.stall_s(now if now is not None else time.time(), factor, minimum_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from types import FrameType
@@ -105,6 +106,7 @@ class StopFlag:
         # A plain attribute, not a threading.Event: signal handlers must not take locks that
         # the interrupted main thread may hold.
         self._requested = False
+        self._watchdog: threading.Timer | None = None
         self._group = side_group
         self._every = every
         self.reason: str | None = None
@@ -124,19 +126,25 @@ class StopFlag:
     def requested(self) -> bool:
         return self._requested
 
-    def install_signal_handlers(self, orphan_grace_s: float) -> None:
-        """SIGTERM, SIGINT and SIGHUP (which torchrun forwards) request a stop. The parent-death
-        signal (the launcher died) requests one too, and ends this process ``orphan_grace_s``
-        later if the stop has not finished by then."""
+    def install_signal_handlers(self, grace_s: float) -> None:
+        """SIGTERM, SIGINT and SIGHUP (which torchrun forwards) request a stop; so does the
+        parent-death signal (the launcher died). Either way, a rank whose stop has not finished
+        ``grace_s`` later is stuck (a hung step, a collective with a dead peer): it says so and
+        SIGKILLs itself. torchrun, which waits 30 s after a failure whatever its shutdown
+        timeout, then ends the run at once."""
+
+        def watchdog(why: str) -> None:
+            self.request(why)
+            if self._watchdog is None:
+                self._watchdog = threading.Timer(grace_s, _give_up, args=(why, grace_s))
+                self._watchdog.daemon = True
+                self._watchdog.start()
 
         def handler(signum: int, _frame: FrameType | None) -> None:
-            self.request(f"signal {signal.Signals(signum).name}")
+            watchdog(f"signal {signal.Signals(signum).name}")
 
         def orphaned(_signum: int, _frame: FrameType | None) -> None:
-            self.request("the launcher died")
-            timer = threading.Timer(orphan_grace_s, os._exit, args=(1,))
-            timer.daemon = True
-            timer.start()
+            watchdog("the launcher died")
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, handler)
@@ -152,6 +160,13 @@ class StopFlag:
         if self._buf.item() and not self._requested:
             self.request("another rank asked to stop")
         return bool(self._buf.item())
+
+
+def _give_up(why: str, grace_s: float) -> None:
+    print(f"[rank {os.environ.get('RANK', '?')}] the stop requested by {why} has not finished "
+          f"after {grace_s:g} s (this rank is stuck): killing itself", file=sys.stderr,
+          flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def all_gather_rows(values: list[float], group: dist.ProcessGroup | None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,36 @@ COLLECTIVE_PHASES = ("backward", "report", "stop_check", "checkpoint", "eval")
 """Phases in which a rank waits for the others (gradient all-reduce, gathers, barriers)."""
 STALE_S = 10.0
 """A heartbeat older than this: the rank's process is frozen (SIGSTOP, swapped out) or gone."""
+
+
+class ReportClock:
+    """When the run last reported, and how often it usually does: says when it has stalled.
+
+    The app's store and the terminal launcher keep one each, fed with the "time" of every
+    metrics message.
+    """
+
+    def __init__(self, keep: int = 20) -> None:
+        self.last: float | None = None
+        self.intervals: list[float] = []
+        self.keep = keep
+
+    def tick(self, when: float) -> None:
+        if self.last is not None:
+            self.intervals = (self.intervals + [when - self.last])[-self.keep:]
+        self.last = when
+
+    def typical_s(self) -> float | None:
+        return statistics.median(self.intervals) if self.intervals else None
+
+    def stall_s(self, now: float, factor: float = 5.0, minimum_s: float = 10.0) -> float | None:
+        """Seconds since the last report when that is over ``factor`` typical intervals (and
+        ``minimum_s``): the run looks hung. None while it is progressing."""
+        if self.last is None:
+            return None
+        since = now - self.last
+        typical = self.typical_s() or minimum_s
+        return since if since > max(minimum_s, factor * typical) else None
 
 
 def heartbeat_file(run_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -115,3 +146,12 @@ def hang_hint(beats: dict[int, dict[str, Any]], now: float) -> str | None:
         return (f"rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} "
                 f"{'are' if len(behind) > 1 else 'is'} behind, at step {low + 1}")
     return None
+
+
+def stall_text(stall_s: float, typical_s: float | None, step: int, hint: str | None) -> str:
+    """The stall alert, in the same words in the app and in the terminal."""
+    typical = ("unknown" if typical_s is None else f"{typical_s:.1f} s" if typical_s >= 1
+               else f"{1000 * typical_s:.0f} ms")
+    return (f"no progress for {stall_s:.0f} s (typical report interval {typical}); every rank "
+            f"last reported step {step}: "
+            + (hint or "a rank may be hung in a step or a collective (see its log)"))

@@ -33,6 +33,7 @@ import psutil
 
 from ddp_engine import devices
 from ddp_engine.config import ConfigError, RunConfig, check_environment, resolved_device
+from ddp_engine.heartbeat import ReportClock, hang_hint, read_heartbeats, stall_text
 from ddp_engine.protocol import MONITOR_FILE
 from ddp_engine.run_dir import (
     CONFIG_FILE,
@@ -176,6 +177,11 @@ class RunMonitor(threading.Thread):
         self.stop_reason: str | None = None
         self._stop_event = threading.Event()
         self._rate: list[tuple[float, int]] = []
+        self.clock = ReportClock()
+        self.hang_hint: str | None = None
+        """While the run is stalled: which rank it waits for, from the heartbeats, as first
+        diagnosed (later looks see the consequences: a rank that timed out and exited)."""
+        self._stall_printed = 0.0
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
@@ -191,6 +197,7 @@ class RunMonitor(threading.Thread):
         new = self.tail.poll()
         for msg in new:
             self._handle(msg)
+        self._check_stall()
         ranks = read_rank_files(self.run_dir)
         pids = {str(r): d.get("pid") for r, d in sorted(ranks.items())}
         if pids:
@@ -199,6 +206,24 @@ class RunMonitor(threading.Thread):
                 d.get("state") == "running" for d in ranks.values()):
             self.status.update(state="running")
         return bool(new)
+
+    def _check_stall(self, print_every_s: float = 30.0) -> None:
+        """The app's hang hint, for a terminal user: printed when reports stop coming (5
+        typical intervals, at least 10 s) and every ``print_every_s`` while they stay away."""
+        now = time.time()
+        stall = self.clock.stall_s(now)
+        if stall is None or self.status.data.get("state") not in ("running", "stopping"):
+            if self.hang_hint is not None:
+                self.hang_hint = None
+                self.status.update(stall=None)
+            return
+        hint = hang_hint(read_heartbeats(self.run_dir), now)
+        self.hang_hint = self.hang_hint or hint
+        text = stall_text(stall, self.clock.typical_s(), self.last_step, hint)
+        if now - self._stall_printed >= print_every_s:
+            self._stall_printed = now
+            self._print(text)
+            self.status.update(stall=text)
 
     def _remember_processes(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -242,6 +267,8 @@ class RunMonitor(threading.Thread):
 
     def _progress(self, msg: dict[str, Any]) -> None:
         step = int(msg.get("step", 0))
+        self.clock.tick(float(msg.get("time") or time.time()))
+        self._stall_printed = 0.0
         self.last_step = step
         self.status.update(step=step, epoch=msg.get("epoch"), last_metrics=msg)
         ranks = msg.get("ranks") or []
@@ -479,6 +506,8 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
             code = EXIT_FAILED
     elif final.get("state") == "failed" and "rank" not in final.get("reason", "rank"):
         final["reason"] = _rank_error(run_dir) or final["reason"]
+    if final.get("state") == "failed" and monitor.hang_hint:
+        final["reason"] += f"; before it failed, the run was stalled: {monitor.hang_hint}"
     if leftover:
         final["swept_pids"] = leftover
     # Every process of the run is gone: a temp file in checkpoints/ is from a save that was
@@ -489,7 +518,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     exit_codes = {str(r): (0 if s in ("completed", "stopped") else None) for r, s in states.items()}
     for r, d in (final.get("ranks") or {}).items():
         exit_codes[r] = d.get("exit_code")
-    status.update(step=step, exit_codes=exit_codes, ended=time.time(), **final)
+    status.update(step=step, exit_codes=exit_codes, ended=time.time(), stall=None, **final)
     _report_end(run_dir, status.data, out)
     return code
 

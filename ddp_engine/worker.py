@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RunConfig.from_dict(load_config_file(args.config), source=f"config {args.config}")
     stop = StopFlag(cfg.stop_check_every)
     # Before init: a stop during start-up is kept, not lost.
-    stop.install_signal_handlers(orphan_grace_s=cfg.shutdown_timeout_s)
+    stop.install_signal_handlers(grace_s=cfg.shutdown_timeout_s)
 
     ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
     run_dir: Path | None = None

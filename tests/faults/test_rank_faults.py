@@ -142,21 +142,28 @@ def test_the_hang_hint_names_the_hung_rank_and_stop_clears_it(
                     f"{result['reason']}; no process left")
 
 
-@fault_case("A rank hangs inside a step and nobody stops the run (--dist-timeout-s 15)",
-            "the process-group timeout turns the hang into a failure: the waiting rank's "
-            "collective times out, the run ends failed naming the timeout, no process left")
+@fault_case("A rank hangs inside a step and nobody stops the run (--dist-timeout-s 20)",
+            "the terminal prints the hang hint naming the hung rank once reports stop; the "
+            "process-group timeout turns the hang into a failure whose reason names the "
+            "timeout and the hung rank; no process left")
 def test_the_process_group_timeout_fails_a_hung_run(tmp_path: Path,
                                                     observed: list[str]) -> None:
     run_dir = tmp_path / "run"
     started = time.monotonic()
     proc = run_engine("launch", "--nproc", "2", "--max-steps", "100000", "--log-every", "1",
-                      "--dist-timeout-s", "15", "--shutdown-timeout-s", "5", "--loss",
+                      "--dist-timeout-s", "20", "--shutdown-timeout-s", "5", "--loss",
                       f"{FAULTY}:hang_on_rank1", "--run-dir", str(run_dir))
     took = time.monotonic() - started
     status = read_status(run_dir)
     assert proc.returncode == 1 and status["state"] == "failed", proc.stderr[-2000:]
-    assert "Timed out waiting 15000ms" in status["reason"]
-    assert "rank 1 was killed by signal SIGKILL" in status["reason"]
+    reason = status["reason"]
+    assert "Timed out waiting 20000ms" in reason
+    assert "rank 1 was killed by signal SIGKILL" in reason
+    assert "before it failed, the run was stalled: rank 1 has been in forward of step" in reason
+    assert "while rank 0 waits in backward" in reason
+    hint = next(line for line in proc.stdout.splitlines() if "no progress for" in line)
+    assert "rank 1 has been in forward" in hint and "look at rank 1's log" in hint
     assert_no_process_left(run_dir)
-    observed.append(f"failed {took:.0f} s after the launch: {status['reason'][:90]}... ; no "
+    observed.append(f"the terminal printed \"{hint[12:]}\"; failed {took:.0f} s after the "
+                    f"launch: ...{reason[reason.index('; before it failed'):][:120]}...; no "
                     "process left")

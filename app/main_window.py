@@ -350,6 +350,10 @@ class MainWindow(QMainWindow):
         leftover = result.get("leftover_pids") or []
         text += (f" | {len(leftover)} processes of the run could not be ended: {leftover}"
                  if leftover else " | no process of the run is left")
+        held = result.get("gpu_leftovers") or []
+        if held:
+            text += (" | NVML still lists " + ", ".join(f"pid {h.get('pid')} on GPU "
+                                                       f"{h.get('gpu')}" for h in held))
         self.message_label.setText(text)
         if state == "failed":
             codes = result.get("exit_codes") or {}

@@ -11,7 +11,8 @@ environment already restricts GPUs with CUDA_VISIBLE_DEVICES, indices refer to t
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,55 @@ def list_gpus(environ: Mapping[str, str] | None = None) -> list[GpuInfo]:
         chosen.append(GpuInfo(len(chosen), token, match.name, match.uuid, match.pci_bus_id,
                               match.mem_total_bytes))
     return chosen
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding a CUDA context on a GPU, as NVML's compute-process list has it."""
+
+    gpu: int
+    """NVML index of the GPU (PCI bus order, not restricted by CUDA_VISIBLE_DEVICES)."""
+    pid: int
+    """As NVML reports it: the host's pid namespace. Inside a container with its own pid
+    namespace this is not the pid the container sees, and nothing of ours matches it."""
+    used_bytes: int | None
+
+
+def gpu_processes() -> list[GpuProcess] | None:
+    """Every compute process on every GPU of this machine; None when NVML is unavailable (no
+    driver, no GPU), so that "no GPU to check" is not mistaken for "nothing left"."""
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        found = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            for proc in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                used = proc.usedGpuMemory
+                found.append(GpuProcess(i, int(proc.pid), None if used is None else int(used)))
+        return found
+    except Exception:
+        return None
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def gpu_leftovers(pids: Iterable[int], timeout_s: float = 5.0,
+                  interval_s: float = 0.25) -> list[GpuProcess]:
+    """Which of ``pids`` still hold a CUDA context (and GPU memory) by NVML, once the driver has
+    had up to ``timeout_s`` to release the contexts of processes that just exited. Empty when
+    none does, or when NVML is unavailable."""
+    wanted = set(pids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = [p for p in gpu_processes() or [] if p.pid in wanted]
+        if not held or time.monotonic() >= deadline:
+            return held
+        time.sleep(interval_s)
 
 
 def gpu_count(environ: Mapping[str, str] | None = None) -> int:

@@ -290,6 +290,10 @@ class RunMonitor(threading.Thread):
         print(f"[rankscope] {line}", file=self.out, flush=True)
 
 
+def _mib(n: int | None) -> str:
+    return "memory unknown" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
 def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
@@ -510,6 +514,15 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         final["reason"] += f"; before it failed, the run was stalled: {monitor.hang_hint}"
     if leftover:
         final["swept_pids"] = leftover
+    if plan.device == "cuda":  # processes gone by psutil; the GPUs must agree
+        pids = set(monitor.procs) | {d["pid"] for d in read_rank_files(run_dir).values()
+                                     if isinstance(d.get("pid"), int)}
+        held = devices.gpu_leftovers(pids)
+        if held:
+            final["gpu_leftovers"] = [dataclasses.asdict(h) for h in held]
+            print("[rankscope] warning: NVML still lists processes of this run on a GPU: "
+                  + ", ".join(f"pid {h.pid} on GPU {h.gpu} ({_mib(h.used_bytes)})"
+                              for h in held), file=out, flush=True)
     # Every process of the run is gone: a temp file in checkpoints/ is from a save that was
     # killed (last.pt itself is the previous checkpoint, intact).
     partial = remove_partial_writes(run_dir / "checkpoints")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddp_engine.devices import gpu_leftovers
 from ddp_engine.run_dir import iter_metrics, rank_log_files, read_rank_files, read_status
 from tests.conftest import (
     REPO,
@@ -36,8 +37,11 @@ def events(run_dir: Path, kind: str) -> list[dict]:
 def assert_no_process_left(run_dir: Path) -> None:
     left = processes_mentioning(str(run_dir))
     assert not left, f"processes of the run still alive: {[p.pid for p in left]}"
-    for pid in (read_status(run_dir) or {}).get("pids", {}).values():
+    pids = list((read_status(run_dir) or {}).get("pids", {}).values())
+    for pid in pids:
         assert not _alive(pid), f"rank process {pid} is still alive"
+    held = gpu_leftovers(pids)  # empty at once where NVML is unavailable
+    assert not held, f"NVML still lists processes of the run on a GPU: {held}"
 
 
 def _alive(pid: int) -> bool:

@@ -10,8 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddp_engine.devices import gpu_count, gpu_leftovers, gpu_processes
 from ddp_engine.run_dir import rank_file, rank_log_files, read_rank_files, read_status
-from tests.conftest import REPO, endless_run, processes_mentioning, run_engine, wait_for
+from tests.conftest import (
+    REPO,
+    cuda,
+    endless_run,
+    processes_mentioning,
+    run_engine,
+    start_engine,
+    wait_for,
+)
 from tests.ddp_engine.test_launcher import assert_no_process_left, events, metrics
 from tests.faults.conftest import fault_case
 
@@ -167,3 +176,32 @@ def test_the_process_group_timeout_fails_a_hung_run(tmp_path: Path,
     observed.append(f"the terminal printed \"{hint[12:]}\"; failed {took:.0f} s after the "
                     f"launch: ...{reason[reason.index('; before it failed'):][:120]}...; no "
                     "process left")
+
+
+@cuda
+@fault_case("On GPUs (nccl): the launcher is SIGKILLed mid-run",
+            "the ranks exit and NVML's compute-process list no longer shows any of them (no "
+            "GPU memory held) within 30 s")
+def test_no_gpu_memory_is_held_after_the_launcher_is_killed(tmp_path: Path,
+                                                           observed: list[str]) -> None:
+    run_dir = tmp_path / "run"
+    n = min(gpu_count(), 2)
+    proc = start_engine("launch", "--device", "cuda", "--nproc", str(n), "--max-steps",
+                        "1000000", "--run-dir", str(run_dir), log=tmp_path / "out.log")
+    try:
+        wait_for(lambda: len(metrics(run_dir)) >= 1, 180, "training to report")
+        pids = [d["pid"] for d in read_rank_files(run_dir).values()]
+        held = gpu_leftovers(pids, timeout_s=0)
+        assert sorted(p.pid for p in held) == sorted(pids), (
+            f"NVML lists {gpu_processes()}, not the ranks {pids}: another pid namespace?")
+        used = sum(p.used_bytes or 0 for p in held)
+        killed_at = time.monotonic()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        wait_for(lambda: not processes_mentioning(str(run_dir)), 30, "the ranks to exit")
+        assert gpu_leftovers(pids, timeout_s=30 - (time.monotonic() - killed_at)) == []
+        took = time.monotonic() - killed_at
+    finally:
+        proc.kill()
+    observed.append(f"{n} ranks held {used / 2**20:,.0f} MiB by NVML; {took:.1f} s after the "
+                    "kill no process and no NVML entry of the run was left")

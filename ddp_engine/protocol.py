@@ -71,6 +71,7 @@ class Connection:
         info = read_monitor_file(run_dir)
         try:
             self.sock = socket.create_connection((info["host"], info["port"]), timeout=timeout_s)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # commands: small
         except OSError as e:
             raise ProtocolError(f"cannot connect to the run's telemetry at {info['host']}:"
                                 f"{info['port']}: {e}") from None

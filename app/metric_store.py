@@ -27,6 +27,17 @@ RANK_FIELDS: tuple[str, ...] = (
     "rss_bytes")
 
 
+SPREAD_ABOVE = 10
+"""Above this many ranks the charts draw the spread across ranks (min, median, max) instead of
+a line per rank: a line per rank would cost a frame's budget and be unreadable anyway."""
+SPREAD_FIELDS: tuple[str, ...] = (*RANK_FIELDS, "sync_share_pct")
+"""The per-rank fields whose spread is kept, with sync_time_s / step_time_s in %."""
+STATS = ("min", "median", "max")
+
+
+_SYNC, _STEP = RANK_FIELDS.index("sync_time_s"), RANK_FIELDS.index("step_time_s")
+
+
 class Series:
     """x/y float arrays that grow, and halve their resolution when full."""
 
@@ -37,6 +48,8 @@ class Series:
         self._n = 0
         self._stride = 1  # keep one point in every `stride` appended
         self._skipped = 0
+        self.generation = 0
+        """Bumped whenever the points kept so far are thinned (caches of them are stale)."""
 
     def append(self, x: float, y: float | None) -> None:
         if self._skipped + 1 < self._stride:
@@ -49,6 +62,7 @@ class Series:
             self._y[:half] = self._y[1:self._n:2][:half]
             self._n = half
             self._stride *= 2
+            self.generation += 1
         self._x[self._n] = x
         self._y[self._n] = np.nan if y is None else y
         self._n += 1
@@ -93,10 +107,12 @@ class MetricStore:
 
     def clear(self) -> None:
         self.series: dict[tuple[int, str], Series] = {}
+        self._columns: dict[int, list[Series]] = {}  # a rank's series, in RANK_FIELDS order
         self.val_loss = Series(self.capacity)
         self.total_samples_per_s = Series(self.capacity)
         self.mean_loss = Series(self.capacity)  # over ranks, per report
         self.report_time = Series(self.capacity)  # Unix time of each report, by step
+        self.spreads: dict[tuple[str, str], Series] = {}  # (field, stat): above SPREAD_ABOVE
         self.info = RunInfo()
         self.events: list[dict[str, Any]] = []
         self.version = 0  # bumped on every change: charts redraw only when it moved
@@ -118,6 +134,22 @@ class MetricStore:
         if key not in self.series:
             self.series[key] = Series(self.capacity)
         return self.series[key]
+
+    def spread(self, name: str) -> tuple[Series, Series, Series]:
+        """Min, median and max of field ``name`` across ranks, per report (kept for runs of
+        more than SPREAD_ABOVE ranks)."""
+        out = []
+        for stat in STATS:
+            key = (name, stat)
+            if key not in self.spreads:
+                self.spreads[key] = Series(self.capacity)
+            out.append(self.spreads[key])
+        return out[0], out[1], out[2]
+
+    @property
+    def many_ranks(self) -> bool:
+        """Too many ranks for a line each: charts show the spread (see SPREAD_ABOVE)."""
+        return max(self.info.world_size, len(self.ranks())) > SPREAD_ABOVE
 
     def ranks(self) -> list[int]:
         return sorted({r for r, _ in self.series})
@@ -152,19 +184,43 @@ class MetricStore:
         info.total_steps = m.get("total_steps", info.total_steps)
         total = 0.0
         losses = []
-        for r in m.get("ranks", []):
+        rows = m.get("ranks", [])
+        for r in rows:
             rank = int(r["rank"])
             info.devices[rank] = str(r.get("device", ""))
-            for name in RANK_FIELDS:
+            columns = self._columns.get(rank)
+            if columns is None:
+                columns = self._columns[rank] = [self.get(rank, n) for n in RANK_FIELDS]
+            for name, series in zip(RANK_FIELDS, columns, strict=True):
                 if name in r:
-                    self.get(rank, name).append(step, r[name])
+                    series.append(step, r[name])
             total += r.get("samples_per_s") or 0.0
             if isinstance(r.get("loss"), int | float):
                 losses.append(float(r["loss"]))
+        if len(rows) > SPREAD_ABOVE:
+            self._spread(step, rows)
         self.total_samples_per_s.append(step, total)
         self.mean_loss.append(step, float(np.nanmean(losses)) if losses else None)
         self.report_time.append(step, now)
         info.world_size = max(info.world_size, len(m.get("ranks", [])))
+
+    def _spread(self, step: float, rows: list[dict[str, Any]]) -> None:
+        """Min, median and max of every field across ranks: one matrix, one sort (NaNs, the
+        fields a rank does not have, sort last and are left out)."""
+        cells = np.array([[r.get(name) for name in RANK_FIELDS] for r in rows], dtype=object)
+        cells[np.equal(cells, None)] = np.nan
+        table = cells.astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = 100 * table[:, _SYNC] / table[:, _STEP]
+        table = np.sort(np.column_stack([table, share]), axis=0)
+        n = np.isfinite(table).sum(axis=0)
+        cols = np.arange(table.shape[1])
+        lo = np.where(n > 0, table[0], np.nan)
+        hi = table[np.maximum(n - 1, 0), cols]
+        mid = (table[np.maximum((n - 1) // 2, 0), cols] + table[np.maximum(n // 2, 0), cols]) / 2
+        for i, name in enumerate(SPREAD_FIELDS):
+            for series, values in zip(self.spread(name), (lo, mid, hi), strict=True):
+                series.append(step, float(values[i]) if n[i] else None)
 
     def _event(self, e: dict[str, Any]) -> None:
         kind = e.get("kind")

@@ -13,6 +13,7 @@ from app.export import export_chart
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf"]
+GRID = "#ececec"
 
 
 def color(i: int) -> str:
@@ -29,7 +30,13 @@ class Chart(pg.PlotWidget):
         self.setLabel("left", y_label)
         self.getAxis("left").enableAutoSIPrefix(False)  # the label already names the unit
         self.setLabel("bottom", x_label)
-        self.showGrid(x=True, y=True, alpha=0.2)
+        self.showGrid(x=True, y=True)
+        for side in ("left", "bottom"):
+            # An opaque light grid of major and minor ticks: the same look as pyqtgraph's
+            # translucent grid (alpha 0.2) at a third of the paint time (docs/BENCHMARKS.md).
+            axis = self.getAxis(side)
+            axis.setStyle(tickAlpha=255, maxTickLevel=1)
+            axis.setTickPen(pg.mkPen(GRID))
         self.legend = self.addLegend(offset=(-10, 10))
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.setClipToView(True)
@@ -37,10 +44,12 @@ class Chart(pg.PlotWidget):
         menu.addSeparator()
         menu.addAction("Save chart as PNG or SVG...").triggered.connect(self._save_dialog)
 
-    def curve(self, name: str, color_hex: str, dashed: bool = False) -> pg.PlotDataItem:
+    def curve(self, name: str, color_hex: str, dashed: bool = False,
+              faint: bool = False) -> pg.PlotDataItem:
         if name not in self.curves:
-            pen = pg.mkPen(color_hex, width=1,
-                           style=Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine)
+            style = (Qt.PenStyle.DotLine if faint else Qt.PenStyle.DashLine if dashed
+                     else Qt.PenStyle.SolidLine)
+            pen = pg.mkPen(color_hex + ("90" if faint else ""), width=1, style=style)
             item = self.plot([], [], name=name, pen=pen)
             item.setDownsampling(auto=True, method="peak")
             item.setClipToView(True)
@@ -48,8 +57,16 @@ class Chart(pg.PlotWidget):
         return self.curves[name]
 
     def set_data(self, name: str, x: np.ndarray, y: np.ndarray, color_hex: str,
-                 dashed: bool = False) -> None:
-        self.curve(name, color_hex, dashed).setData(x, y, connect="finite")
+                 dashed: bool = False, faint: bool = False) -> None:
+        self.curve(name, color_hex, dashed, faint).setData(x, y, connect="finite")
+
+    def set_spread(self, name: str, x: np.ndarray, lo: np.ndarray, mid: np.ndarray,
+                   hi: np.ndarray, color_hex: str) -> None:
+        """A value across many ranks: its median as a line, its min and max as faint ones
+        (curves "NAME median", "NAME min", "NAME max")."""
+        self.set_data(f"{name} median", x, mid, color_hex)
+        self.set_data(f"{name} min", x, lo, color_hex, faint=True)
+        self.set_data(f"{name} max", x, hi, color_hex, faint=True)
 
     def points(self, name: str) -> int:
         """How many points curve ``name`` holds (tests use it to see data arrived)."""

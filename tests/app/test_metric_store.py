@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from app.metric_store import MetricStore, Series
 
@@ -53,3 +54,29 @@ def test_validation_loss_and_null_values() -> None:
     store.add(m)
     assert store.val_loss.last() == 0.5
     assert np.isnan(store.get(0, "loss").last())
+
+
+def test_many_ranks_keep_the_spread_across_ranks() -> None:
+    store = MetricStore()
+    rng = np.random.default_rng(0)
+    rows_by_step = []
+    for step in (10, 20):
+        rows = [{"rank": r, "loss": float(rng.normal(2, 0.5)), "step_time_s": 0.01 * (1 + r),
+                 "sync_time_s": 0.005, "gpu_util_pct": None if r % 3 == 0 else float(r),
+                 "device": "cpu"} for r in range(13)]
+        rows_by_step.append(rows)
+        store.add({"type": "metrics", "time": float(step), "step": step, "ranks": rows})
+    assert store.many_ranks and len(store.ranks()) == 13
+    lo, mid, hi = store.spread("loss")
+    losses = [r["loss"] for r in rows_by_step[-1]]
+    assert list(mid.x) == [10.0, 20.0]
+    assert (lo.last(), mid.last(), hi.last()) == pytest.approx(
+        (min(losses), float(np.median(losses)), max(losses)))
+    util = [r["gpu_util_pct"] for r in rows_by_step[-1] if r["gpu_util_pct"] is not None]
+    assert store.spread("gpu_util_pct")[1].last() == pytest.approx(float(np.median(util)))
+    share = [100 * 0.005 / (0.01 * (1 + r)) for r in range(13)]
+    assert store.spread("sync_share_pct")[2].last() == pytest.approx(max(share))
+    assert np.isnan(store.spread("gpu_power_w")[1].y).all()  # no rank has it: gaps
+    few = MetricStore()
+    few.add({"type": "metrics", "time": 1.0, "step": 1, "ranks": rows_by_step[0][:4]})
+    assert not few.many_ranks and few.spreads == {}

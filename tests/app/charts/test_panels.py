@@ -1,0 +1,92 @@
+"""The charts' numeric helpers: smoothing, whole and incremental."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.charts.panels import Smoother, smooth
+from app.metric_store import Series
+
+
+def _reference(y: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's smoothing, written as the plain loop it is."""
+    out = np.empty_like(y)
+    last, n = 0.0, 0
+    for i, v in enumerate(y):
+        if np.isfinite(v):
+            last = last * weight + (1 - weight) * v
+            n += 1
+            out[i] = last / (1 - weight ** n)
+        else:
+            out[i] = np.nan
+    return out
+
+
+@pytest.mark.parametrize("weight", [0.01, 0.3, 0.6, 0.9, 0.99])
+def test_the_vectorized_smoothing_is_the_loop(weight: float) -> None:
+    rng = np.random.default_rng(0)
+    y = 2.3 * np.exp(-np.arange(50_000) / 5_000) + rng.normal(0, 0.1, 50_000)
+    y[rng.integers(0, len(y), 500)] = np.nan  # gaps: passed over, left empty
+    got, want = smooth(y, weight), _reference(y, weight)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[np.isfinite(got)], want[np.isfinite(want)], rtol=1e-9)
+
+
+def test_the_smoother_extends_and_restarts_when_the_series_is_thinned() -> None:
+    series = Series(capacity=1_000)
+    smoother = Smoother()
+    rng = np.random.default_rng(1)
+    for i in range(3_500):  # thinned at 1,000, 2,000 (stride 2) and 4,000 (stride 4) appends
+        series.append(float(i), float(rng.normal()) if i % 97 else None)
+        if i % 37 == 0 or i == 3_499:
+            np.testing.assert_allclose(smoother(series, 0.6), _reference(series.y, 0.6),
+                                       rtol=1e-9)
+    assert series.generation == 2
+    np.testing.assert_allclose(smoother(series, 0.9), _reference(series.y, 0.9), rtol=1e-9)
+    assert np.array_equal(smoother(series, 0.0), series.y, equal_nan=True)  # 0: unsmoothed
+
+
+def _rows(n: int, step: int) -> list[dict]:
+    return [{"rank": r, "loss": 2.0 - step / 100 + r / 100, "step_time_s": 0.010 + r / 1000,
+             "samples_per_s": 6400.0 - r, "sync_time_s": 0.003, "sync_exposed_s": 0.001,
+             "data_wait_s": 0.0004, "forward_s": 0.002, "backward_s": 0.005,
+             "optimizer_s": 0.001, "gpu_util_pct": 90.0 + r / 10, "gpu_mem_used_bytes": 2**34,
+             "gpu_mem_total_bytes": 2**36, "gpu_temp_c": 60.0 + r, "gpu_power_w": 500.0,
+             "device": f"cuda:{r % 8}"} for r in range(n)]
+
+
+@pytest.mark.parametrize("ranks", [4, 64])
+def test_many_ranks_are_drawn_as_a_spread_few_as_lines(qtbot, ranks: int) -> None:
+    from app.dashboard import Dashboard
+    from app.metric_store import MetricStore
+
+    store = MetricStore()
+    dash = Dashboard(store)
+    qtbot.addWidget(dash)
+    for step in range(10, 60, 10):
+        store.add({"type": "metrics", "time": float(step), "step": step, "ranks":
+                   _rows(ranks, step)})
+    dash.redraw()
+    loss, sync = dash.loss.chart, dash.sync.sync
+    if ranks <= 10:  # a line and a toggle per rank, as ever
+        assert loss.points("rank 3") == 5 and len(dash.loss.toggles) == ranks
+        assert len(dash.sync.caption.text().splitlines()) == ranks
+        return
+    assert not any(name.startswith("rank ") for name in loss.curves)  # 3 curves, not 64
+    assert sorted(loss.curves) == ["64 ranks max", "64 ranks median", "64 ranks min"]
+    assert dash.loss.toggles == {}
+    _, hi = loss.curves["64 ranks max"].getData()
+    _, lo = loss.curves["64 ranks min"].getData()
+    assert np.all(hi > lo)  # smoothed, but still apart by the ranks' spread
+    _, share = dash.sync.share.curves["64 ranks max"].getData()
+    assert share[-1] == pytest.approx(100 * 0.003 / 0.010)  # rank 0: shortest step
+    assert set(sync.curves) == {"64 ranks median", "64 ranks min", "64 ranks max",
+                                "exposed median"}
+    caption = dash.sync.caption.text().splitlines()
+    assert len(caption) == 2 and caption[1].startswith("slowest, rank 63 step 73.0 ms")
+    devices = dash.devices.caption.text()
+    assert devices.startswith("64 GPUs: utilization median 93.2%") and "power total 32000.0 W" \
+        in devices
+    _, mem = dash.devices.mem.curves["64 GPUs median"].getData()
+    assert mem[-1] == 16.0

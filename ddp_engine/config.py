@@ -130,7 +130,9 @@ class RunConfig:
     """Validation interval in steps when the dataset has a validation split."""
     log_every: int = _f("write metrics (and print progress) every N steps", 10)
     """Metrics interval in steps."""
-    stop_check_every: int = _f("steps between agreed-stop checks (a tiny CPU all-reduce)", 5)
+    stop_check_every: int = _f("at most N steps between agreed-stop checks (a tiny CPU "
+                               "all-reduce); slow steps are checked every 0.5 s, down to every "
+                               "step", 5)
     """How often ranks agree on whether to stop."""
     telemetry: bool = _f("per-rank timing (comm hook), device sampling and the live server",
                          True)

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from types import FrameType
 
@@ -95,6 +96,11 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+#: Seconds a stop request waits at most for the next agreed-stop check (beyond the step it
+#: arrives in): slow steps are checked more often than every ``stop_check_every`` steps.
+STOP_CHECK_S = 0.5
+
+
 class StopFlag:
     """A local stop request (signal, or a command on rank 0) and the all-ranks agreement on it.
 
@@ -110,7 +116,11 @@ class StopFlag:
         self._group = side_group
         self._every = every
         self.reason: str | None = None
-        self._buf = torch.zeros(1, dtype=torch.int32)
+        # [stop flag, this rank's seconds per step since the last check], reduced with MAX
+        self._buf = torch.zeros(2, dtype=torch.float64)
+        self._next: int | None = None  # the step of the next check (the same on every rank)
+        self._last = (0, 0.0)  # (step, time.monotonic()) at the last check
+        self.checks = 0  # how many agreements (all-reduces) this flag has taken part in
 
     def attach(self, side_group: dist.ProcessGroup) -> None:
         """Use ``side_group`` for the agreement (created after the handlers were installed)."""
@@ -150,16 +160,38 @@ class StopFlag:
             signal.signal(sig, handler)
         signal.signal(PARENT_DEATH_SIGNAL, orphaned)
 
-    def agreed(self, step: int, *, force_check: bool = False) -> bool:
-        """True on every rank when any rank asked to stop (checked every ``every`` steps)."""
-        if not force_check and step % self._every != 0:
+    def interval(self, per_step_s: float) -> int:
+        """Steps until the next check: ``every``, or fewer when steps are slow, so that a stop
+        waits about :data:`STOP_CHECK_S` (at least one step) whatever the step time."""
+        if per_step_s <= 0:
+            return self._every
+        return max(1, min(self._every, int(STOP_CHECK_S / per_step_s)))
+
+    def agreed(self, step: int) -> bool:
+        """True on every rank when any rank asked to stop. Ranks call it after every step; it
+        checks (a two-float all-reduce on the CPU side group) at most ``every`` steps apart, and
+        every step once steps take :data:`STOP_CHECK_S` or more. The check steps follow from
+        the first step and the slowest rank's step time (reduced with the flag), so every rank
+        checks at the same steps and all stop after the same one."""
+        now = time.monotonic()
+        if self._next is None:  # the first step: check at the next multiple of every
+            self._next = -(-step // self._every) * self._every
+            self._last = (step, now)
+        if step < self._next:
             return False
-        self._buf.fill_(1 if self._requested else 0)
+        last_step, last_time = self._last
+        per_step = (now - last_time) / (step - last_step) if step > last_step else 0.0
+        self._buf[0] = 1.0 if self._requested else 0.0
+        self._buf[1] = per_step
         if self._group is not None:
             dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self._group)
-        if self._buf.item() and not self._requested:
+        self.checks += 1
+        self._last = (step, now)
+        self._next = step + self.interval(float(self._buf[1]))
+        stop = bool(self._buf[0] > 0)
+        if stop and not self._requested:
             self.request("another rank asked to stop")
-        return bool(self._buf.item())
+        return stop
 
 
 def _give_up(why: str, grace_s: float) -> None:

@@ -1,0 +1,72 @@
+"""The agreed stop in a real two-process gloo group: every rank stops after the same step, and
+slow steps are checked often enough that a stop waits about one step."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ddp_engine.distributed import STOP_CHECK_S, StopFlag
+
+
+def _rank(rank: int, port: int, slow_s: float, out: str) -> None:
+    """Rank ``rank`` of 2: steps of ``slow_s`` on rank 1 (none on rank 0); rank 0 asks to stop
+    before its step 8. Writes the steps it checked at and the one it stopped after."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        flag = StopFlag(5, dist.group.WORLD)
+        checks: list[int] = []
+        stopped = None
+        for step in range(1, 40):
+            if rank == 1:
+                time.sleep(slow_s)  # the step's work
+            if rank == 0 and step == 8:
+                flag.request("test")
+            before = flag.checks
+            if flag.agreed(step):
+                stopped = step
+            if flag.checks != before:
+                checks.append(step)
+            if stopped is not None:
+                break
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"checks": checks,
+                                                             "stopped": stopped}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(tmp_path: Path, slow_s: float) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_rank, args=(port, slow_s, str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_fast_steps_are_checked_every_n_steps(tmp_path: Path) -> None:
+    ranks = _run(tmp_path, slow_s=0.0)
+    assert ranks[0] == ranks[1]  # the same check steps, the same stop step
+    assert ranks[0] == {"checks": [5, 10], "stopped": 10}
+
+
+def test_slow_steps_on_one_rank_are_checked_every_step_on_all(tmp_path: Path) -> None:
+    ranks = _run(tmp_path, slow_s=0.3)
+    assert ranks[0] == ranks[1]
+    # from the first check on, the slowest rank's 0.3 s per step sets the pace: every step
+    assert ranks[0] == {"checks": [5, 6, 7, 8], "stopped": 8}
+
+
+@pytest.mark.parametrize(("per_step_s", "steps"), [(0.0, 5), (0.01, 5), (STOP_CHECK_S / 3.5, 3),
+                                                   (STOP_CHECK_S, 1), (30.0, 1)])
+def test_the_check_interval_is_at_most_every_and_about_stop_check_s(per_step_s: float,
+                                                                    steps: int) -> None:
+    assert StopFlag(5).interval(per_step_s) == steps

@@ -53,6 +53,8 @@ class Dashboard(QWidget):
         layout.addLayout(top)
         layout.addWidget(self.alert)
         layout.addLayout(grid, 1)
+        self.charts = (self.loss.chart, self.throughput.chart, self.sync.sync, self.sync.share,
+                       self.devices.util, self.devices.mem)
         self._drawn_version = -1
         self.redraws = 0
         self.run_dir: Path | None = None  # the run shown: its heartbeats word the hang hint
@@ -63,8 +65,7 @@ class Dashboard(QWidget):
     def reset(self) -> None:
         self.store.clear()
         self.loss.clear()
-        for chart in (self.devices.util, self.devices.mem, self.sync.sync, self.sync.share,
-                      self.throughput.chart):
+        for chart in self.charts[1:]:  # the loss panel clears its own
             chart.clear()
             chart.curves.clear()
         self._drawn_version = -1
@@ -87,6 +88,8 @@ class Dashboard(QWidget):
         self.devices.redraw(self.store)
         self.sync.redraw(self.store)
         self.throughput.redraw(self.store)
+        for chart in self.charts:
+            chart.settle()
 
     def _alerts(self) -> None:
         parts = []

@@ -107,6 +107,7 @@ class MetricStore:
 
     def clear(self) -> None:
         self.series: dict[tuple[int, str], Series] = {}
+        self._ranks: list[int] = []  # the ranks of self.series, sorted
         self._columns: dict[int, list[Series]] = {}  # a rank's series, in RANK_FIELDS order
         self.val_loss = Series(self.capacity)
         self.total_samples_per_s = Series(self.capacity)
@@ -131,9 +132,12 @@ class MetricStore:
 
     def get(self, rank: int, name: str) -> Series:
         key = (rank, name)
-        if key not in self.series:
-            self.series[key] = Series(self.capacity)
-        return self.series[key]
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = Series(self.capacity)
+            if rank not in self._ranks:
+                self._ranks = sorted([*self._ranks, rank])
+        return series
 
     def spread(self, name: str) -> tuple[Series, Series, Series]:
         """Min, median and max of field ``name`` across ranks, per report (kept for runs of
@@ -152,7 +156,7 @@ class MetricStore:
         return max(self.info.world_size, len(self.ranks())) > SPREAD_ABOVE
 
     def ranks(self) -> list[int]:
-        return sorted({r for r, _ in self.series})
+        return list(self._ranks)
 
     def add_many(self, messages: Iterable[dict[str, Any]]) -> None:
         for m in messages:

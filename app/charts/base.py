@@ -20,11 +20,34 @@ def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
+def steady_range(lo: float, hi: float, parts: int = 8) -> tuple[float, float]:
+    """``[lo, hi]`` widened to multiples of a round step (1, 2 or 5 times a power of ten) of
+    about a ``parts``-th of its span: as data grows the range changes only when it crosses a
+    step, not on every new point."""
+    span = hi - lo
+    if not (np.isfinite(span) and span > 0):
+        return lo, hi
+    magnitude = 10.0 ** np.floor(np.log10(span / parts))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= span / parts)
+    return float(np.floor(lo / step) * step), float(np.ceil(hi / step) * step)
+
+
+class SteadyViewBox(pg.ViewBox):
+    """A view box whose auto-range snaps to :func:`steady_range`. A live chart's range would
+    otherwise move with every point: each move regenerates the axes (their tick text is the
+    dearest part of a paint), recomputes the curves' clipped and downsampled data, and then
+    asks for another auto-range pass; with steady ranges a redraw mostly just draws."""
+
+    def childrenBounds(self, frac=None, orthoRange=(None, None), items=None):  # noqa: ANN001, ANN201, N802
+        bounds = super().childrenBounds(frac=frac, orthoRange=orthoRange, items=items)
+        return [None if b is None else list(steady_range(*b)) for b in bounds]
+
+
 class Chart(pg.PlotWidget):
     """A plot whose curves are created once by name and then only fed new arrays."""
 
     def __init__(self, title: str, y_label: str, x_label: str = "step") -> None:
-        super().__init__()
+        super().__init__(viewBox=SteadyViewBox())
         self.setBackground("w")
         self.setTitle(title, color="#333", size="10pt")
         self.setLabel("left", y_label)
@@ -67,6 +90,12 @@ class Chart(pg.PlotWidget):
         self.set_data(f"{name} median", x, mid, color_hex)
         self.set_data(f"{name} min", x, lo, color_hex, faint=True)
         self.set_data(f"{name} max", x, hi, color_hex, faint=True)
+
+    def settle(self) -> None:
+        """Fit the auto-ranged axes to the data set since the last paint, now rather than at
+        the start of the paint: pyqtgraph does it there (prepareForPaint), and the range change
+        then asks for a second paint of the whole chart."""
+        self.scene().prepareForPaint()
 
     def points(self, name: str) -> int:
         """How many points curve ``name`` holds (tests use it to see data arrived)."""

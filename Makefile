@@ -16,7 +16,7 @@ TORCH_CUDA ?= torch
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run demo test lint screenshot reliability clean
+.PHONY: install run demo test lint screenshot reliability bench clean
 
 install: $(STAMP)
 
@@ -53,6 +53,14 @@ test: install lint
 reliability: install
 	RANKSCOPE_RELIABILITY=docs/RELIABILITY.md QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q tests/faults \
 	  --deselect tests/faults/test_matrix.py::test_the_reliability_document_lists_every_case
+
+# Every benchmark of docs/BENCHMARKS.md, one after the other (about 20 minutes on 2 cores).
+# Each prints its measurements; nothing else may run meanwhile (ratios, but a noisy machine).
+BENCHES = telemetry_overhead launch_latency stop_latency window_startup ingest_draw \
+	long_history runs_index
+bench: install
+	@for b in $(BENCHES); do echo "== bench/$$b.py"; \
+	  QT_QPA_PLATFORM=offscreen $(PY) bench/$$b.py || exit 1; done
 
 # docs/screenshot.png from a real window under Xvfb. Debian packages it needs:
 SCREENSHOT_DEBS = xvfb xdotool x11-utils imagemagick libxcb-cursor0 libxkbcommon-x11-0 \

@@ -2,7 +2,8 @@
 
 Run under torchrun. Same model and data builders as the engine, its own plain loop: no comm
 hook, no timing, no device sampling, no telemetry, no stop checks, no metrics file. Rank 0
-prints {"samples_per_s": X} over steps [warmup, steps).
+prints {"samples_per_s": X} over steps [warmup, steps). With --first-step-file PATH, rank 0 also
+writes time.time() to PATH after its first optimizer step (for bench/launch_latency.py).
 """
 
 import argparse
@@ -23,6 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--first-step-file", help="rank 0 writes time.time() here after step 1")
     args = parser.parse_args()
     cfg = RunConfig.from_dict(load_config_file(args.config))
     dist.init_process_group("gloo")
@@ -46,6 +48,9 @@ def main() -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
             step += 1
+            if step == 1 and rank == 0 and args.first_step_file:
+                with open(args.first_step_file, "w") as f:
+                    f.write(repr(time.time()))
             if step >= cfg.max_steps:
                 break
         epoch += 1

@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,13 @@ def _wait_for_steps(launcher: subprocess.Popen[bytes], run_dir: Path, steps: int
             return int(max(reported))
         time.sleep(0.02)
     raise TimeoutError(f"no report of step {steps} within {timeout_s:g} s; see {run_dir}")
+
+
+def _read_all(conn: Connection) -> None:
+    """Read and discard everything the server sends until it closes the connection."""
+    with contextlib.suppress(OSError, ValueError):
+        while conn.poll(0.2) is not None:
+            pass
 
 
 def _last_step(run_dir: Path) -> int:
@@ -185,6 +193,9 @@ def stop_run(step_s: float, args: argparse.Namespace, work: Path, rng: random.Ra
         time.sleep(rng.uniform(0.0, every * step_s))
         if args.via == "socket":
             conn = Connection(run_dir, timeout_s=10)
+            # Read as the app does: a viewer that does not read leaves the server lines to
+            # drain at the end (it waits up to 2 s for them), which the app never causes.
+            threading.Thread(target=_read_all, args=(conn,), daemon=True).start()
         tree = [psutil.Process(launcher.pid)]
         tree += tree[0].children(recursive=True)
         requested_after = _last_step(run_dir)

@@ -8,8 +8,19 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings
 
+from app.charts.base import Chart
 from app.main_window import MainWindow
 from tests.conftest import wait_for
+
+
+def shown_chart(qtbot, width: int = 500, height: int = 300) -> Chart:
+    """An empty Chart titled "Loss", shown at ``width`` x ``height`` and exposed."""
+    chart = Chart("Loss", "loss")
+    qtbot.addWidget(chart)
+    chart.resize(width, height)
+    chart.show()
+    qtbot.waitExposed(chart)
+    return chart
 
 
 def _make(qtbot, tmp_path: Path, runs_dir: Path) -> MainWindow:

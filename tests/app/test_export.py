@@ -24,6 +24,7 @@ from app.export import (
     export_tensorboard,
 )
 from app.metric_store import RANK_FIELDS
+from tests.app.conftest import shown_chart
 from tests.conftest import REPO
 
 T0 = 1_796_221_900.0
@@ -113,11 +114,7 @@ def test_csv_of_an_empty_metrics_file(tmp_path: Path, torn: str) -> None:
 # -------------------------------------------------------------------------------- charts
 @pytest.fixture
 def chart(qtbot) -> Chart:
-    c = Chart("Loss", "loss")
-    qtbot.addWidget(c)
-    c.resize(640, 400)
-    c.show()
-    qtbot.waitExposed(c)
+    c = shown_chart(qtbot, 640, 400)
     x = np.arange(10.0)
     c.set_data("rank 0", x, 1 / (x + 1), "#1f77b4")
     c.set_data("rank 1", x, np.where(x == 4, np.nan, 1.1 / (x + 1)), "#ff7f0e")

@@ -6,6 +6,7 @@ import numpy as np
 from PySide6.QtGui import QColor
 
 from app.charts.base import GRID, Chart, steady_range
+from tests.app.conftest import shown_chart
 
 
 def _pixels(chart: Chart) -> dict[int, int]:
@@ -20,10 +21,7 @@ def _pixels(chart: Chart) -> dict[int, int]:
 
 
 def test_the_grid_is_drawn_opaque_and_the_curve_over_it(qtbot) -> None:
-    chart = Chart("loss", "loss")
-    qtbot.addWidget(chart)
-    chart.resize(500, 300)
-    chart.show()
+    chart = shown_chart(qtbot)
     x = np.arange(1000.0)
     chart.set_data("rank 0", x, np.sin(x / 50), "#1f77b4")
     counts = _pixels(chart)
@@ -67,11 +65,7 @@ def _paints(chart: Chart, qtbot) -> int:
 
 
 def test_a_growing_curve_keeps_the_range_until_it_crosses_a_step_and_paints_once(qtbot) -> None:
-    chart = Chart("loss", "loss")
-    qtbot.addWidget(chart)
-    chart.resize(500, 300)
-    chart.show()
-    qtbot.waitExposed(chart)
+    chart = shown_chart(qtbot)
     x = np.arange(1, 1504.0)
     chart.set_data("rank 0", x, 2 - x / 1000, "#1f77b4")
     chart.settle()

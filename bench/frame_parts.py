@@ -1,0 +1,121 @@
+"""Where a dashboard frame's time goes: ingest, setData, the synchronous repaint, and the event
+loop until idle (the rest of the painting), on the GUI thread, without a live publisher.
+
+    .venv/bin/python bench/frame_parts.py [--ranks 64] [--history 1500] [--per-frame 3]
+                                          [--frames 300] [--profile]
+
+The real ``MainWindow`` (offscreen Qt platform) gets ``--history`` synthetic metrics messages
+(one row per rank, every field filled, as bench/ingest_draw.py sends), then ``--frames`` frames,
+each: ``store.add_many`` of ``--per-frame`` more messages, ``Dashboard.redraw()``, its
+``repaint()``, and ``processEvents()``. Prints p50/p95 of each part's GUI-thread CPU time
+(``time.thread_time``); ``--profile`` adds a cProfile of the frames, by cumulative time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import math
+import os
+import pstats
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def message(step: int, ranks: int, rng: random.Random) -> dict[str, Any]:
+    rows = []
+    for r in range(ranks):
+        st = 0.010 * (1 + 0.05 * rng.random())
+        rows.append({"rank": r, "loss": 2.3 * math.exp(-step / 2000) + 0.01 * rng.random(),
+                     "samples_per_s": 64 / st, "step_time_s": st, "data_wait_s": 0.0004,
+                     "forward_s": 0.002, "backward_s": 0.005, "optimizer_s": 0.001,
+                     "sync_time_s": 0.003, "sync_exposed_s": 0.001, "sync_bytes": 88104,
+                     "sync_buckets": 1, "gpu_util_pct": 90 + 10 * rng.random(),
+                     "gpu_mem_used_bytes": 40e9 + 1e9 * rng.random(),
+                     "gpu_mem_total_bytes": 80e9, "gpu_temp_c": 60 + rng.random(),
+                     "gpu_power_w": 500 + 50 * rng.random(), "cpu_pct": 100.0,
+                     "rss_bytes": 3e9, "device": f"cuda:{r % 8}"})
+    return {"type": "metrics", "step": step, "epoch": 0, "total_steps": 10**6, "ranks": rows,
+            "time": time.time()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--history", type=int, default=1500)
+    parser.add_argument("--per-frame", type=int, default=3)
+    parser.add_argument("--frames", type=int, default=300)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication([])
+    from app.main_window import MainWindow
+
+    work = Path(tempfile.mkdtemp(prefix="rankscope-frames-"))
+    settings = QSettings(str(work / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(runs_dir=str(work / "runs"), settings=settings, gpus=[])
+    w.runs.stop_watching()
+    w.show()
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:  # shown, and the deferred chart build done
+        app.processEvents()
+        time.sleep(0.01)
+    rng = random.Random(0)
+    w.store.add({"type": "event", "kind": "run_start", "world_size": args.ranks,
+                 "total_steps": 10**6, "start_step": 0, "steps_per_epoch": 10**6,
+                 "time": time.time()})
+    total = args.history + args.frames * args.per_frame
+    msgs = [message(s, args.ranks, rng) for s in range(1, total + 1)]
+    w.store.add_many(msgs[:args.history])
+    w.dashboard.redraw()
+    w.dashboard.repaint()
+    app.processEvents()
+
+    parts: dict[str, list[float]] = {k: [] for k in ("ingest", "setData", "repaint", "events")}
+    profile = cProfile.Profile() if args.profile else None
+    pos = args.history
+    for _ in range(args.frames):
+        if profile:
+            profile.enable()
+        t0 = time.thread_time()
+        w.store.add_many(msgs[pos:pos + args.per_frame])
+        pos += args.per_frame
+        t1 = time.thread_time()
+        w.dashboard.redraw()
+        t2 = time.thread_time()
+        w.dashboard.repaint()
+        t3 = time.thread_time()
+        app.processEvents()
+        t4 = time.thread_time()
+        if profile:
+            profile.disable()
+        for key, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            parts[key].append(value)
+    parts["frame"] = [sum(v) for v in zip(*parts.values(), strict=True)]
+
+    def q(values: list[float], p: float) -> float:
+        ordered = sorted(values)
+        return 1e3 * ordered[int(p * (len(ordered) - 1))]
+
+    print(f"{args.ranks} ranks, {args.history} reports of history, {args.per_frame} messages "
+          f"per frame, {args.frames} frames (GUI thread CPU time)")
+    for key, values in parts.items():
+        print(f"  {key:8} p50 {q(values, 0.5):6.2f} ms  p95 {q(values, 0.95):6.2f} ms")
+    if profile:
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
+    w.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -65,9 +65,10 @@ class Dashboard(QWidget):
     def reset(self) -> None:
         self.store.clear()
         self.loss.clear()
-        for chart in self.charts[1:]:  # the loss panel clears its own
-            chart.clear()
-            chart.curves.clear()
+        for chart in self.charts:
+            if chart is not self.loss.chart:  # the loss panel clears its own
+                chart.clear()
+                chart.curves.clear()
         self._drawn_version = -1
         self.alert.setText("")
 

@@ -55,8 +55,9 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 PUBLISHER = r"""
-import json, math, random, sys, time
+import json, random, sys, time
 from pathlib import Path
+from bench.synthetic import rank_rows
 from ddp_engine.telemetry import Telemetry
 
 run_dir, ranks = Path(sys.argv[1]), int(sys.argv[2])
@@ -76,18 +77,7 @@ for i in range(total):
     if due > now:
         time.sleep(due - now)
     step = i + 1
-    rows = []
-    for r in range(ranks):
-        st = 0.010 * (1 + 0.05 * rng.random())
-        rows.append({"rank": r, "loss": 2.3 * math.exp(-step / 2000) + 0.01 * rng.random(),
-                     "samples_per_s": 64 / st, "step_time_s": st, "data_wait_s": 0.0004,
-                     "forward_s": 0.002, "backward_s": 0.005, "optimizer_s": 0.001,
-                     "sync_time_s": 0.003, "sync_exposed_s": 0.001, "sync_bytes": 88104,
-                     "sync_buckets": 1, "gpu_util_pct": 90 + 10 * rng.random(),
-                     "gpu_mem_used_bytes": 40e9 + 1e9 * rng.random(),
-                     "gpu_mem_total_bytes": 80e9, "gpu_temp_c": 60 + rng.random(),
-                     "gpu_power_w": 500 + 50 * rng.random(), "cpu_pct": 100.0,
-                     "rss_bytes": 3e9, "device": f"cuda:{r % 8}"})
+    rows = rank_rows(step, ranks, rng)
     t.publish({"type": "metrics", "step": step, "epoch": 0, "total_steps": total, "ranks": rows})
 late = time.perf_counter() - (start + total / rate)
 t.publish({"type": "event", "kind": "completed", "step": total})

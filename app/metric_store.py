@@ -35,37 +35,57 @@ SPREAD_FIELDS: tuple[str, ...] = (*RANK_FIELDS, "sync_share_pct")
 STATS = ("min", "median", "max")
 
 
-_SYNC, _STEP = RANK_FIELDS.index("sync_time_s"), RANK_FIELDS.index("step_time_s")
+_F = len(RANK_FIELDS)
+_FIELD = {name: i for i, name in enumerate(RANK_FIELDS)}
+_SYNC, _STEP = _FIELD["sync_time_s"], _FIELD["step_time_s"]
 
 
-class Series:
-    """x/y float arrays that grow, and halve their resolution when full."""
+class Table:
+    """Rows that share an x (the step of one report): one value per column per row, appended
+    together. When full it keeps every other row (the whole run stays visible at half the
+    resolution), so memory is bounded however long the run is. Columns are contiguous (a chart
+    reads a column's points in one slice) and may be added later (a rank that joins)."""
 
-    def __init__(self, capacity: int = 20_000) -> None:
+    def __init__(self, capacity: int = 20_000, columns: int = 1) -> None:
         self.capacity = capacity
         self._x = np.empty(capacity, dtype=np.float64)
-        self._y = np.empty(capacity, dtype=np.float64)
+        self._y = np.empty((columns, capacity), dtype=np.float64)
         self._n = 0
-        self._stride = 1  # keep one point in every `stride` appended
+        self._stride = 1  # keep one row in every `stride` appended
         self._skipped = 0
         self.generation = 0
-        """Bumped whenever the points kept so far are thinned (caches of them are stale)."""
+        """Bumped whenever the rows kept so far are thinned (caches of them are stale)."""
 
-    def append(self, x: float, y: float | None) -> None:
+    @property
+    def columns(self) -> int:
+        return self._y.shape[0]
+
+    def add_columns(self, count: int) -> int:
+        """Add ``count`` columns, NaN in the rows so far; returns the first one's index."""
+        first = self.columns
+        grown = np.empty((first + count, self.capacity), dtype=np.float64)
+        grown[:first, :self._n] = self._y[:, :self._n]
+        grown[first:, :self._n] = np.nan
+        self._y = grown
+        return first
+
+    def append(self, x: float, values: np.ndarray) -> None:
+        """One row: ``values`` holds one float per column (NaN where there is none)."""
         if self._skipped + 1 < self._stride:
             self._skipped += 1
             return
         self._skipped = 0
-        if self._n == self.capacity:
-            half = self._n // 2
-            self._x[:half] = self._x[1:self._n:2][:half]
-            self._y[:half] = self._y[1:self._n:2][:half]
-            self._n = half
+        n = self._n
+        if n == self.capacity:
+            half = n // 2
+            self._x[:half] = self._x[1:n:2][:half]
+            self._y[:, :half] = self._y[:, 1:n:2][:, :half]
+            n = self._n = half
             self._stride *= 2
             self.generation += 1
-        self._x[self._n] = x
-        self._y[self._n] = np.nan if y is None else y
-        self._n += 1
+        self._x[n] = x
+        self._y[:, n] = values
+        self._n = n + 1
 
     def __len__(self) -> int:
         return self._n
@@ -74,12 +94,60 @@ class Series:
     def x(self) -> np.ndarray:
         return self._x[:self._n]
 
+    def column(self, i: int) -> np.ndarray:
+        return self._y[i, :self._n]
+
+
+class Series:
+    """One column of a :class:`Table`: x/y float arrays that grow, and halve their resolution
+    when full. ``Series(capacity)`` is a column of a table of its own, fed by ``append``."""
+
+    def __init__(self, capacity: int = 20_000, table: Table | None = None,
+                 column: int = 0) -> None:
+        self.table = table if table is not None else Table(capacity)
+        self.index = column
+
+    def append(self, x: float, y: float | None) -> None:
+        """A point of a series that has its table to itself."""
+        self.table.append(x, np.nan if y is None else y)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @property
+    def generation(self) -> int:
+        return self.table.generation
+
+    @property
+    def x(self) -> np.ndarray:
+        return self.table.x
+
     @property
     def y(self) -> np.ndarray:
-        return self._y[:self._n]
+        return self.table.column(self.index)
 
     def last(self) -> float | None:
-        return float(self._y[self._n - 1]) if self._n else None
+        n = len(self.table)
+        return float(self.table._y[self.index, n - 1]) if n else None
+
+
+def as_floats(rows: list[dict[str, Any]], names: tuple[str, ...]) -> np.ndarray:
+    """The ``names`` fields of each row as a float matrix, NaN where a field is missing, null
+    or not a number (one bad value from the wire spoils nothing else)."""
+    nan = np.nan
+    cells = [[nan if (v := r.get(name)) is None else v for name in names] for r in rows]
+    try:
+        return np.array(cells, dtype=np.float64).reshape(len(rows), len(names))
+    except (TypeError, ValueError):
+        return np.array([[_float(v) for v in row] for row in cells],
+                        dtype=np.float64).reshape(len(rows), len(names))
+
+
+def _float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return np.nan
 
 
 @dataclass
@@ -106,13 +174,17 @@ class MetricStore:
         self.clear()
 
     def clear(self) -> None:
+        self.ranks_table = Table(self.capacity, 0)
+        """Every rank's RANK_FIELDS, one row per report: a rank's fields are the columns from
+        its slot times len(RANK_FIELDS) (slots in the order the ranks first came)."""
+        self._slots: dict[int, int] = {}
+        self._ranks: list[int] = []  # the ranks with a slot, sorted
         self.series: dict[tuple[int, str], Series] = {}
-        self._ranks: list[int] = []  # the ranks of self.series, sorted
-        self._columns: dict[int, list[Series]] = {}  # a rank's series, in RANK_FIELDS order
         self.val_loss = Series(self.capacity)
         self.total_samples_per_s = Series(self.capacity)
         self.mean_loss = Series(self.capacity)  # over ranks, per report
         self.report_time = Series(self.capacity)  # Unix time of each report, by step
+        self.spread_table: Table | None = None  # min, median, max per SPREAD_FIELDS
         self.spreads: dict[tuple[str, str], Series] = {}  # (field, stat): above SPREAD_ABOVE
         self.info = RunInfo()
         self.events: list[dict[str, Any]] = []
@@ -131,22 +203,36 @@ class MetricStore:
         self.version += 1
 
     def get(self, rank: int, name: str) -> Series:
+        """Field ``name`` of ``rank`` (empty for a rank or field never reported)."""
         key = (rank, name)
         series = self.series.get(key)
         if series is None:
-            series = self.series[key] = Series(self.capacity)
-            if rank not in self._ranks:
-                self._ranks = sorted([*self._ranks, rank])
+            slot = self._slots.get(rank)
+            if slot is not None and name in _FIELD:
+                series = Series(table=self.ranks_table, column=slot * _F + _FIELD[name])
+            else:
+                series = Series(self.capacity)  # nothing will come: an empty one
+                if slot is None:
+                    return series  # not kept: it would shadow the rank's when it comes
+            self.series[key] = series
         return series
+
+    def _slot(self, rank: int) -> int:
+        slot = self._slots.get(rank)
+        if slot is None:
+            slot = self._slots[rank] = self.ranks_table.add_columns(_F) // _F
+            self._ranks = sorted([*self._ranks, rank])
+        return slot
 
     def spread(self, name: str) -> tuple[Series, Series, Series]:
         """Min, median and max of field ``name`` across ranks, per report (kept for runs of
         more than SPREAD_ABOVE ranks)."""
+        first = SPREAD_FIELDS.index(name) * len(STATS)
         out = []
-        for stat in STATS:
+        for i, stat in enumerate(STATS):
             key = (name, stat)
             if key not in self.spreads:
-                self.spreads[key] = Series(self.capacity)
+                self.spreads[key] = Series(table=self._spread_table(), column=first + i)
             out.append(self.spreads[key])
         return out[0], out[1], out[2]
 
@@ -186,45 +272,45 @@ class MetricStore:
         info.step = int(step)
         info.epoch = int(m.get("epoch", info.epoch))
         info.total_steps = m.get("total_steps", info.total_steps)
-        total = 0.0
-        losses = []
-        rows = m.get("ranks", [])
+        rows = [r for r in m.get("ranks") or [] if isinstance(r, dict) and "rank" in r]
+        slots = []
         for r in rows:
             rank = int(r["rank"])
             info.devices[rank] = str(r.get("device", ""))
-            columns = self._columns.get(rank)
-            if columns is None:
-                columns = self._columns[rank] = [self.get(rank, n) for n in RANK_FIELDS]
-            for name, series in zip(RANK_FIELDS, columns, strict=True):
-                if name in r:
-                    series.append(step, r[name])
-            total += r.get("samples_per_s") or 0.0
-            if isinstance(r.get("loss"), int | float):
-                losses.append(float(r["loss"]))
+            slots.append(self._slot(rank))
+        values = as_floats(rows, RANK_FIELDS)  # one row per rank
+        row = np.full((self.ranks_table.columns // _F, _F), np.nan)
+        row[slots] = values
+        self.ranks_table.append(step, row.ravel())
+        samples = values[:, _FIELD["samples_per_s"]]
+        losses = values[:, _FIELD["loss"]]
+        losses = losses[~np.isnan(losses)]
         if len(rows) > SPREAD_ABOVE:
-            self._spread(step, rows)
-        self.total_samples_per_s.append(step, total)
-        self.mean_loss.append(step, float(np.nanmean(losses)) if losses else None)
+            self._spread(step, values)
+        self.total_samples_per_s.append(step, float(np.nansum(samples)))
+        self.mean_loss.append(step, float(losses.mean()) if len(losses) else None)
         self.report_time.append(step, now)
-        info.world_size = max(info.world_size, len(m.get("ranks", [])))
+        info.world_size = max(info.world_size, len(rows))
 
-    def _spread(self, step: float, rows: list[dict[str, Any]]) -> None:
-        """Min, median and max of every field across ranks: one matrix, one sort (NaNs, the
-        fields a rank does not have, sort last and are left out)."""
-        cells = np.array([[r.get(name) for name in RANK_FIELDS] for r in rows], dtype=object)
-        cells[np.equal(cells, None)] = np.nan
-        table = cells.astype(np.float64)
+    def _spread(self, step: float, table: np.ndarray) -> None:
+        """Min, median and max of every field across ranks (rows): one sort per field (NaNs,
+        the fields a rank does not have, sort last and are left out)."""
         with np.errstate(divide="ignore", invalid="ignore"):
             share = 100 * table[:, _SYNC] / table[:, _STEP]
         table = np.sort(np.column_stack([table, share]), axis=0)
         n = np.isfinite(table).sum(axis=0)
         cols = np.arange(table.shape[1])
         lo = np.where(n > 0, table[0], np.nan)
-        hi = table[np.maximum(n - 1, 0), cols]
-        mid = (table[np.maximum((n - 1) // 2, 0), cols] + table[np.maximum(n // 2, 0), cols]) / 2
-        for i, name in enumerate(SPREAD_FIELDS):
-            for series, values in zip(self.spread(name), (lo, mid, hi), strict=True):
-                series.append(step, float(values[i]) if n[i] else None)
+        hi = np.where(n > 0, table[np.maximum(n - 1, 0), cols], np.nan)
+        mid = np.where(n > 0, (table[np.maximum((n - 1) // 2, 0), cols]
+                               + table[np.maximum(n // 2, 0), cols]) / 2, np.nan)
+        self._spread_table().append(step, np.column_stack([lo, mid, hi]).ravel())
+
+    def _spread_table(self) -> Table:
+        """The spreads' table: column ``field * 3 + stat`` (SPREAD_FIELDS, STATS)."""
+        if self.spread_table is None:
+            self.spread_table = Table(self.capacity, len(SPREAD_FIELDS) * len(STATS))
+        return self.spread_table
 
     def _event(self, e: dict[str, Any]) -> None:
         kind = e.get("kind")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.metric_store import MetricStore, Series
+from app.metric_store import MetricStore, Series, Table
 
 
 def _metrics(step: int, t: float, step_times: list[float]) -> dict:
@@ -80,3 +80,33 @@ def test_many_ranks_keep_the_spread_across_ranks() -> None:
     few = MetricStore()
     few.add({"type": "metrics", "time": 1.0, "step": 1, "ranks": rows_by_step[0][:4]})
     assert not few.many_ranks and few.spreads == {}
+
+
+def test_a_table_thins_every_column_alike_and_takes_new_columns() -> None:
+    table = Table(capacity=100, columns=2)
+    for step in range(1000):
+        if step == 500:
+            assert table.add_columns(1) == 2  # a rank joins: its past rows are NaN
+        table.append(step, np.array([step, -step, 2 * step][:table.columns], dtype=float))
+    assert len(table) <= 100
+    x = table.x
+    assert np.array_equal(table.column(0), x) and np.array_equal(table.column(1), -x)
+    joined = x >= 500
+    assert np.isnan(table.column(2)[~joined]).all()
+    assert np.array_equal(table.column(2)[joined], 2 * x[joined])
+
+
+def test_a_rank_that_joins_late_and_bad_values_spoil_nothing_else() -> None:
+    store = MetricStore()
+    store.add(_metrics(1, 1.0, [0.01]))
+    late = _metrics(2, 2.0, [0.01, 0.02])
+    late["ranks"][0]["loss"] = "not a number"  # a broken value from the wire
+    late["ranks"][1]["samples_per_s"] = [1, 2]
+    store.add(late)
+    assert store.ranks() == [0, 1]
+    assert list(store.get(0, "step_time_s").y) == [0.01, 0.01]
+    assert np.isnan(store.get(0, "loss").last())
+    assert np.isnan(store.get(1, "step_time_s").y[0]) and store.get(1, "step_time_s").last() \
+        == 0.02  # rank 1 was not there at step 1
+    assert store.total_samples_per_s.last() == 100.0  # rank 1's list counts as missing
+    assert len(store.get(7, "loss")) == 0 and 7 not in store.ranks()  # never reported

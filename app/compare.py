@@ -71,8 +71,7 @@ class CompareView(QWidget):
     def set_runs(self, run_dirs: list[Path]) -> None:
         self.runs = [ComparedRun(p) for p in run_dirs]
         for chart in (self.loss, self.throughput):
-            chart.clear()
-            chart.curves.clear()
+            chart.reset()
         self.label.setText("comparing " + ", ".join(r.run_dir.name for r in self.runs))
         self.poll_once(force=True)
         self.timer.start()

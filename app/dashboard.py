@@ -67,8 +67,7 @@ class Dashboard(QWidget):
         self.loss.clear()
         for chart in self.charts:
             if chart is not self.loss.chart:  # the loss panel clears its own
-                chart.clear()
-                chart.curves.clear()
+                chart.reset()
         self._drawn_version = -1
         self.alert.setText("")
 

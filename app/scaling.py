@@ -135,8 +135,7 @@ class ScalingView(QWidget):
     def show_group(self, group_dir: Path) -> None:
         self.group_dir = Path(group_dir)
         for chart in (self.throughput, self.efficiency):
-            chart.clear()
-            chart.curves.clear()
+            chart.reset()
         self.poll_once()
         self.timer.start()
 
@@ -172,10 +171,8 @@ class ScalingView(QWidget):
         thr = np.array([r["samples_per_s"] for r in measured], dtype=float)
         eff = np.array([r.get("efficiency") if isinstance(r.get("efficiency"), int | float)
                         else np.nan for r in measured], dtype=float)
-        self.throughput.set_data("measured", n, thr, "#1f77b4")
-        self.efficiency.set_data("measured", n, eff, "#1f77b4")
-        for chart in (self.throughput, self.efficiency):
-            chart.curves["measured"].setSymbol("o")
+        self.throughput.set_data("measured", n, thr, "#1f77b4", symbol="o")
+        self.efficiency.set_data("measured", n, eff, "#1f77b4", symbol="o")
         counts = np.array([c for c in group.get("counts") or [] if isinstance(c, int)],
                           dtype=float)
         if len(n) and len(counts):

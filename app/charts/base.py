@@ -1,4 +1,5 @@
-"""One plot with named curves, drawn the fast way (pen width 1, peak downsampling, clipping)."""
+"""One plot with named curves, drawn the fast way: pen width 1, and each curve thinned to about
+two points per pixel column (its min and max there) before pyqtgraph sees it."""
 
 from __future__ import annotations
 
@@ -32,14 +33,78 @@ def steady_range(lo: float, hi: float, parts: int = 8) -> tuple[float, float]:
     return float(np.floor(lo / step) * step), float(np.ceil(hi / step) * step)
 
 
+def peak_thin(x: np.ndarray, y: np.ndarray, blocks: int,
+              view: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``x, y`` (x ascending) reduced to at most about ``2 * blocks`` points that draw the same
+    picture at ``blocks`` pixel columns: consecutive points in blocks, each block's min and max
+    (NaN only where the whole block is). Block sizes are powers of two and blocks start at
+    multiples of the size, so as data grows the points drawn so far stay put. With ``view``
+    (an x range) only the points in it are kept, and one block either side."""
+    lo, hi = 0, len(x)
+    if hi <= 2 * blocks:
+        return x, y
+    if view is not None:
+        lo = max(int(np.searchsorted(x, view[0])) - 1, 0)
+        hi = min(int(np.searchsorted(x, view[1], side="right")) + 1, hi)
+    n = hi - lo
+    if n <= 2 * blocks:
+        return x[lo:hi], y[lo:hi]
+    size = 1 << int(np.ceil(np.log2(n / blocks)))
+    if view is not None:
+        lo = max(lo // size * size - size, 0)
+        hi = min(hi + size, len(x))
+    count = -(-(hi - lo) // size)  # the last block may be partial: the newest points
+    padded = np.full(count * size, np.nan)
+    padded[:hi - lo] = y[lo:hi]
+    yb = padded.reshape(count, size)
+    starts = np.arange(lo, hi, size)
+    out_x = np.empty((count, 2))
+    out_x[:, 0] = x[starts]
+    out_x[:, 1] = x[np.minimum(starts + size, hi) - 1]
+    out_y = np.empty((count, 2))
+    out_y[:, 0] = np.fmin.reduce(yb, axis=1)
+    out_y[:, 1] = np.fmax.reduce(yb, axis=1)
+    return out_x.ravel(), out_y.ravel()
+
+
+Bounds = tuple[float, float, float, float] | None
+"""A curve's x min, x max, y min, y max over its finite points (None: it has none)."""
+
+
+def finite_bounds(x: np.ndarray, y: np.ndarray) -> Bounds:
+    keep = np.isfinite(x) & np.isfinite(y)
+    if not keep.any():
+        return None
+    x, y = x[keep], y[keep]
+    return float(x.min()), float(x.max()), float(y.min()), float(y.max())
+
+
 class SteadyViewBox(pg.ViewBox):
     """A view box whose auto-range snaps to :func:`steady_range`. A live chart's range would
     otherwise move with every point: each move regenerates the axes (their tick text is the
     dearest part of a paint), recomputes the curves' clipped and downsampled data, and then
-    asks for another auto-range pass; with steady ranges a redraw mostly just draws."""
+    asks for another auto-range pass; with steady ranges a redraw mostly just draws.
+
+    ``known`` holds the bounds of the items whose data its chart set (computed once then, from
+    the thinned points): the auto-range takes those instead of asking each item for them,
+    which pyqtgraph does for every axis on every pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.known: dict[pg.GraphicsObject, Bounds] = {}
 
     def childrenBounds(self, frac=None, orthoRange=(None, None), items=None):  # noqa: ANN001, ANN201, N802
-        bounds = super().childrenBounds(frac=frac, orthoRange=orthoRange, items=items)
+        items = self.addedItems if items is None else items
+        others = [item for item in items if item not in self.known]
+        bounds = super().childrenBounds(frac=frac, orthoRange=orthoRange, items=others) \
+            if others else [None, None]
+        for item in items:
+            b = self.known.get(item)
+            if b is None or not item.isVisible():
+                continue
+            for axis, (lo, hi) in enumerate((b[:2], b[2:])):
+                was = bounds[axis]
+                bounds[axis] = [lo, hi] if was is None else [min(was[0], lo), max(was[1], hi)]
         return [None if b is None else list(steady_range(*b)) for b in bounds]
 
 
@@ -47,7 +112,8 @@ class Chart(pg.PlotWidget):
     """A plot whose curves are created once by name and then only fed new arrays."""
 
     def __init__(self, title: str, y_label: str, x_label: str = "step") -> None:
-        super().__init__(viewBox=SteadyViewBox())
+        self.view = SteadyViewBox()
+        super().__init__(viewBox=self.view)
         self.setBackground("w")
         self.setTitle(title, color="#333", size="10pt")
         self.setLabel("left", y_label)
@@ -61,27 +127,74 @@ class Chart(pg.PlotWidget):
             axis.setStyle(tickAlpha=255, maxTickLevel=1)
             axis.setTickPen(pg.mkPen(GRID))
         self.legend = self.addLegend(offset=(-10, 10))
-        self.curves: dict[str, pg.PlotDataItem] = {}
-        self.setClipToView(True)
-        menu = self.getPlotItem().getViewBox().menu
+        self.curves: dict[str, pg.PlotCurveItem | pg.PlotDataItem] = {}
+        self._data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # as given, before thinning
+        self._thinned_for: tuple[int, tuple[float, float] | None] = (0, None)
+        self.view.sigXRangeChanged.connect(self._rethin)  # zoomed, panned, or auto-ranged
+        self.view.sigResized.connect(self._rethin)
+        menu = self.view.menu
         menu.addSeparator()
         menu.addAction("Save chart as PNG or SVG...").triggered.connect(self._save_dialog)
 
-    def curve(self, name: str, color_hex: str, dashed: bool = False,
-              faint: bool = False) -> pg.PlotDataItem:
+    def curve(self, name: str, color_hex: str, dashed: bool = False, faint: bool = False,
+              symbol: str | None = None) -> pg.PlotCurveItem | pg.PlotDataItem:
+        """Curve ``name``, made on first use: a bare line (pyqtgraph's PlotCurveItem, the
+        cheapest item that draws one), or, with ``symbol``, a line with a marker per point."""
         if name not in self.curves:
             style = (Qt.PenStyle.DotLine if faint else Qt.PenStyle.DashLine if dashed
                      else Qt.PenStyle.SolidLine)
             pen = pg.mkPen(color_hex + ("90" if faint else ""), width=1, style=style)
-            item = self.plot([], [], name=name, pen=pen)
-            item.setDownsampling(auto=True, method="peak")
-            item.setClipToView(True)
+            item: pg.PlotCurveItem | pg.PlotDataItem
+            if symbol is None:
+                item = pg.PlotCurveItem(name=name, pen=pen)
+            else:
+                item = pg.PlotDataItem(name=name, pen=pen, symbol=symbol, symbolPen=color_hex,
+                                       symbolBrush=color_hex)
+            self.addItem(item)
             self.curves[name] = item
         return self.curves[name]
 
     def set_data(self, name: str, x: np.ndarray, y: np.ndarray, color_hex: str,
-                 dashed: bool = False, faint: bool = False) -> None:
-        self.curve(name, color_hex, dashed, faint).setData(x, y, connect="finite")
+                 dashed: bool = False, faint: bool = False, symbol: str | None = None) -> None:
+        """Give curve ``name`` these points (x ascending); it draws them thinned to the chart's
+        width (:func:`peak_thin`), and thins them again when the x range or the size changes."""
+        self._data[name] = (x, y)
+        self._show(self.curve(name, color_hex, dashed, faint, symbol), x, y)
+
+    def _show(self, item: pg.PlotCurveItem | pg.PlotDataItem, x: np.ndarray,
+              y: np.ndarray) -> None:
+        x, y = self._thin(x, y)
+        self.view.known[item] = finite_bounds(x, y)
+        item.setData(x, y, connect="finite")
+
+    def _thin(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self._thinned_for = self._thinning()
+        return peak_thin(x, y, *self._thinned_for)
+
+    def _thinning(self) -> tuple[int, tuple[float, float] | None]:
+        """The pixel columns to thin to, and the x range to clip to (None while the x axis
+        fits all the data)."""
+        view = self.view
+        width = int(view.width()) or 1000  # not laid out yet: a wide window's worth
+        if view.autoRangeEnabled()[0]:
+            return width, None
+        lo, hi = view.viewRange()[0]
+        return width, (float(lo), float(hi))
+
+    def _rethin(self) -> None:
+        """Thin again from the data as given if the width or the zoom changed (an auto-ranged
+        x axis that moves on with the data changes nothing: all of it is thinned anyway)."""
+        if self._thinning() == self._thinned_for:
+            return
+        for name, (x, y) in self._data.items():
+            self._show(self.curves[name], x, y)
+
+    def reset(self) -> None:
+        """Remove every curve."""
+        self.clear()
+        self.curves.clear()
+        self._data.clear()
+        self.view.known.clear()
 
     def set_spread(self, name: str, x: np.ndarray, lo: np.ndarray, mid: np.ndarray,
                    hi: np.ndarray, color_hex: str) -> None:
@@ -98,11 +211,9 @@ class Chart(pg.PlotWidget):
         self.scene().prepareForPaint()
 
     def points(self, name: str) -> int:
-        """How many points curve ``name`` holds (tests use it to see data arrived)."""
-        item = self.curves.get(name)
-        if item is None or item.xData is None:
-            return 0
-        return len(item.xData)
+        """How many points curve ``name`` was given (tests use it to see data arrived)."""
+        data = self._data.get(name)
+        return 0 if data is None else len(data[0])
 
     def _save_dialog(self) -> None:
         from PySide6.QtWidgets import QFileDialog, QMessageBox

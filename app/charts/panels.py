@@ -126,18 +126,17 @@ class LossPanel(QWidget):
         for rank in [] if store.many_ranks else store.ranks():
             s = store.get(rank, "loss")
             visible = self._toggle(rank).isChecked()
-            item = self.chart.curve(f"rank {rank}", color(rank))
-            item.setVisible(visible)
+            name = f"rank {rank}"
             if visible:
                 smoother = self.smoothers.setdefault(rank, Smoother())
-                item.setData(s.x, smoother(s, weight), connect="finite")
+                self.chart.set_data(name, s.x, smoother(s, weight), color(rank))
+            self.chart.curve(name, color(rank)).setVisible(visible)
         if len(store.val_loss):
             self.chart.set_data("validation", store.val_loss.x, store.val_loss.y, "#000000",
                                 dashed=True)
 
     def clear(self) -> None:
-        self.chart.clear()
-        self.chart.curves.clear()
+        self.chart.reset()
         for box in self.toggles.values():
             box.deleteLater()
         self.toggles.clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from PySide6.QtGui import QColor
 
-from app.charts.base import GRID, Chart, steady_range
+from app.charts.base import GRID, Chart, peak_thin, steady_range
 from tests.app.conftest import shown_chart
 
 
@@ -85,3 +85,43 @@ def test_a_growing_curve_keeps_the_range_until_it_crosses_a_step_and_paints_once
     chart.settle()
     assert chart.getViewBox().viewRange()[0][1] >= 1699
     assert _paints(chart, qtbot) == 1
+
+
+def test_thinning_keeps_each_columns_min_and_max_and_what_was_drawn_stays_put() -> None:
+    rng = np.random.default_rng(0)
+    x = np.arange(100_000.0)
+    y = np.cumsum(rng.normal(size=len(x)))
+    y[5000:5100] = np.nan  # a gap the width of whole blocks stays a gap
+    y[7000] = np.nan  # one missing point does not
+    tx, ty = peak_thin(x, y, 400)
+    assert 400 <= len(tx) <= 2 * 400
+    assert np.nanmin(ty) == np.nanmin(y) and np.nanmax(ty) == np.nanmax(y)
+    assert np.isnan(ty[(tx > 5000) & (tx < 5090)]).all()
+    assert np.isfinite(ty[(tx > 6990) & (tx < 7010)]).all()
+    for lo, hi, mn, mx in zip(tx[0::2], tx[1::2], ty[0::2], ty[1::2], strict=True):
+        part = y[int(lo):int(hi) + 1]
+        if np.isfinite(part).any():
+            assert (mn, mx) == (np.nanmin(part), np.nanmax(part))
+    more_x, more_y = peak_thin(np.arange(100_500.0), np.append(y, np.zeros(500)), 400)
+    same = len(tx) - 2  # the blocks before the last, partial one: unchanged by new points
+    assert np.array_equal(more_x[:same], tx[:same])
+    assert np.array_equal(more_y[:same], ty[:same], equal_nan=True)
+    assert len(peak_thin(x[:800], y[:800], 400)[0]) == 800  # few points: all of them
+
+
+def test_a_zoomed_chart_thins_what_it_shows_and_fits_all_again_after(qtbot) -> None:
+    chart = shown_chart(qtbot)
+    x = np.arange(200_000.0)
+    chart.set_data("rank 0", x, np.sin(x / 3000), "#1f77b4")
+    chart.settle()
+    assert chart.points("rank 0") == 200_000
+    shown_x, _ = chart.curves["rank 0"].getData()
+    assert len(shown_x) <= 2 * chart.view.width()
+    chart.view.setXRange(1000, 2000, padding=0)  # the user zooms in: the detail comes back
+    zoomed_x, _ = chart.curves["rank 0"].getData()
+    assert zoomed_x[0] <= 1000 and zoomed_x[-1] >= 2000 and len(zoomed_x) < 3000
+    assert np.count_nonzero((zoomed_x >= 1000) & (zoomed_x <= 2000)) > 0.5 * len(zoomed_x)
+    chart.view.enableAutoRange()  # back to all of it
+    chart.settle()
+    again_x, _ = chart.curves["rank 0"].getData()
+    assert again_x[0] == 0 and again_x[-1] == 199_999

@@ -10,19 +10,24 @@ in the rank rows, as in the engine). This process is the app: the real ``MainWin
 Qt platform), a real ``TelemetryClient`` thread and ``store.add_many`` connected as the window
 connects its run controller. For each rate it measures, on the GUI thread:
 
-- **frame work** and **frame wall**: a frame begins when ``Dashboard.redraw()`` (on its 30 Hz
-  timer) finds new data and gives the charts their setData; Qt paints the charts on the
-  window's next update request (a platform timer, 5 ms offscreen), so the frame ends at the
-  first moment the event loop is about to wait (``QAbstractEventDispatcher.aboutToBlock``)
-  after a chart's viewport got its paint event. Frame work is the GUI thread's CPU time
-  (``time.thread_time``) within it, frame wall the wall time; both include whatever else the
-  loop handled meanwhile (batches of messages that arrived during the frame). Also: frames
-  drawn per second;
+- **frame work** and **frame wall**: a frame begins when ``Dashboard.redraw()`` (on its 16 ms
+  timer) has work: new data to hand the charts, or charts that have not drawn what they were
+  given (a frame draws only the charts that fit its budget, the stalest first). Qt paints the
+  charts on the window's next update request (a platform timer, 5 ms offscreen), so the frame
+  ends at the first moment the event loop is about to wait
+  (``QAbstractEventDispatcher.aboutToBlock``) after a chart's viewport got its paint event.
+  Frame work is the GUI thread's CPU time (``time.thread_time``) within it, frame wall the
+  wall time; both include whatever else the loop handled meanwhile (batches of messages that
+  arrived during the frame). Also: frames drawn per second;
 - **ingest time**: one ``store.add_many`` of a batch (the client hands over what has arrived);
 - **GUI thread busy**: the GUI thread's CPU time (``time.thread_time``) over wall time;
 - **send-to-drawn latency**: for every metrics message, from its "time" stamp (set by the
-  publisher when it is sent) to the end of the first frame that drew it (painted); and, in
+  publisher when it is sent) to the end of the frame after which every chart has drawn it
+  (``Dashboard.drawn_version``, painted); and, in
   brackets, its first part: from the stamp to the batch being handed to the GUI thread;
+- frames and messages of the first second (``WARMUP_S``: the window creates its curves, legend
+  entries and toggles) are left out of the percentiles above and reported apart, as the
+  largest frame and the largest latency of that second;
 - whether the server dropped the viewer (it drops one whose 8 MiB send buffer fills) and
   whether every message arrived.
 
@@ -87,6 +92,11 @@ print(json.dumps({"sent": total, "dropped_viewers": t.dropped_viewers,
 """
 
 
+WARMUP_S = 1.0
+"""The first second after the publisher starts (the window creating every curve, legend entry
+and toggle, the first fits) is reported apart: its frame and latency maxima."""
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -120,8 +130,48 @@ def moving_axes(window: Any) -> None:
         chart.settle = lambda: None
 
 
+def every_chart(window: Any) -> None:
+    """Frames as before the frame budget: every 33 ms, every chart that is behind redraws."""
+    dash = window.dashboard
+    dash.timer.setInterval(33)
+    dash.redraw = functools.partial(type(dash).redraw, dash, budget_s=None)
+
+
+def no_catch_up(window: Any) -> None:
+    """Budgeted frames, but the charts left behind wait for the next 16 ms tick."""
+    from app.dashboard import REDRAW_MS
+
+    window.dashboard.catch_up_ms = REDRAW_MS
+
+
+def pyqtgraph_curves(window: Any) -> None:
+    """Curves as before thinning: pyqtgraph's PlotDataItem given every point, with its own
+    clipping and auto peak downsampling, and the auto-range asking each item for its bounds."""
+    import pyqtgraph as pg
+    from PySide6.QtCore import Qt
+
+    from app.charts.base import Chart
+
+    def curve(chart: Chart, name: str, color_hex: str, dashed: bool = False,
+              faint: bool = False, symbol: str | None = None) -> pg.PlotDataItem:
+        if name not in chart.curves:
+            style = (Qt.PenStyle.DotLine if faint else Qt.PenStyle.DashLine if dashed
+                     else Qt.PenStyle.SolidLine)
+            item = chart.plot([], [], name=name, pen=pg.mkPen(
+                color_hex + ("90" if faint else ""), width=1, style=style))
+            item.setDownsampling(auto=True, method="peak")
+            item.setClipToView(True)
+            chart.curves[name] = item
+        return chart.curves[name]
+
+    for chart in window.findChildren(Chart):
+        chart.curve = functools.partial(curve, chart)
+        chart._show = lambda item, x, y: item.setData(x, y, connect="finite")
+
+
 VARIANTS = {"app": lambda _window: None, "translucent-grid": translucent_grid,
-            "moving-axes": moving_axes}
+            "moving-axes": moving_axes, "every-chart": every_chart,
+            "pyqtgraph-curves": pyqtgraph_curves, "no-catch-up": no_catch_up}
 
 
 def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> dict[str, Any]:
@@ -170,7 +220,10 @@ def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> di
     ingests: list[float] = []
     latencies: list[float] = []
     arrivals: list[float] = []  # sent to handed to the GUI thread
-    pending: list[float] = []
+    first_frames: list[float] = []  # those of the first WARMUP_S, reported apart
+    first_latencies: list[float] = []
+    steady_from = [float("inf")]  # Unix time: the end of the warm-up
+    pending: list[tuple[float, int]] = []  # (sent, store version with it) of those not drawn
     received = [0]
     ended = [False]
 
@@ -182,7 +235,7 @@ def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> di
         ingests.append(time.perf_counter() - t0)
         for m in batch:
             if m.get("type") == "metrics":
-                pending.append(float(m["time"]))
+                pending.append((float(m["time"]), w.store.version))
                 received[0] += 1
             elif m.get("kind") == "completed":
                 ended[0] = True
@@ -192,18 +245,13 @@ def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> di
     frame_start: list[float | None] = [None]
     frame_cpu = [0.0]
     painted = [False]
-    drawing: list[float] = []  # send times of the messages the frame in progress draws
 
     def timed_redraw() -> None:
-        if w.store.version != w.dashboard._drawn_version and frame_start[0] is None:
-            frame_start[0] = time.perf_counter()  # a frame begins: the charts get new data
+        if w.dashboard.has_work() and frame_start[0] is None:
+            frame_start[0] = time.perf_counter()  # a frame begins: charts get data to draw
             frame_cpu[0] = time.thread_time()
             painted[0] = False
-        version = w.store.version
         redraw()
-        if w.store.version == version and pending:
-            drawing.extend(pending)
-            pending.clear()
 
     class PaintWatch(QObject):
         """Sees the charts' paint events. Qt paints a widget's update on the window's next
@@ -220,12 +268,16 @@ def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> di
         frame (setData, the scene's update, the paint of every chart, and whatever else was
         queued meanwhile) is done."""
         if frame_start[0] is not None and painted[0]:
-            frames.append(time.perf_counter() - frame_start[0])
-            frame_work.append(time.thread_time() - frame_cpu[0])
-            frame_start[0] = None
             now = time.time()
-            latencies.extend(now - sent for sent in drawing)
-            drawing.clear()
+            warm = now > steady_from[0]
+            (frames if warm else first_frames).append(time.perf_counter() - frame_start[0])
+            if warm:
+                frame_work.append(time.thread_time() - frame_cpu[0])
+            frame_start[0] = None
+            drawn = w.dashboard.drawn_version  # every chart has drawn up to this version
+            while pending and pending[0][1] <= drawn:
+                sent = pending.pop(0)[0]
+                (latencies if sent > steady_from[0] else first_latencies).append(now - sent)
 
     watch_paint = PaintWatch()
     for chart in w.findChildren(Chart):
@@ -255,6 +307,7 @@ def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> di
         time.sleep(0.005)
     pub.stdin.write("go\n")
     pub.stdin.flush()
+    steady_from[0] = time.time() + WARMUP_S
     started = time.perf_counter()
     cpu0 = time.thread_time()
     limit = time.monotonic() + seconds + 60
@@ -294,6 +347,8 @@ def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> di
         "ingest_p95_ms": 1000 * pct(ingests, 95), "busy": busy,
         "latency_p50_ms": 1000 * pct(latencies, 50), "latency_p95_ms": 1000 * pct(latencies, 95),
         "latency_max_ms": 1000 * max(latencies or [0]),
+        "first_frame_max_ms": 1000 * max(first_frames or [0]),
+        "first_latency_max_ms": 1000 * max(first_latencies or [0]),
         "arrival_p50_ms": 1000 * pct(arrivals, 50), "arrival_p95_ms": 1000 * pct(arrivals, 95),
     }
 
@@ -316,7 +371,10 @@ def main() -> None:
     parser.add_argument("--variants", default="app",
                         help="charts to compare, comma-separated: app (as shipped), "
                         "translucent-grid (pyqtgraph's alpha grid, as before), moving-axes "
-                        "(pyqtgraph's auto-range fitted in each paint, as before)")
+                        "(pyqtgraph's auto-range fitted in each paint, as before), every-chart "
+                        "(no frame budget: all charts every 33 ms, as before), pyqtgraph-curves "
+                        "(every point to pyqtgraph's PlotDataItem, as before thinning), "
+                        "no-catch-up (charts left behind wait for the next tick)")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     parser.add_argument("--png", metavar="FILE", help="also plot them here")
     parser.add_argument("--one", nargs=4, metavar=("RANKS", "RATE", "SECONDS", "VARIANT"),
@@ -338,7 +396,7 @@ def main() -> None:
     print(f"{'variant':>16} {'msgs/s':>6} {'recv/sent':>9} {'drop':>4} {'fps':>4} "
           f"{'frame work p50':>14} {'p95':>5} {'frame wall p50':>14} {'p95':>5} {'max':>5} "
           f"{'ingest p95':>10} {'busy':>4} {'latency p50':>11} {'p95':>5} {'max':>5} "
-          f"{'(arrival p50':>12} {'p95)':>5}")
+          f"{'(arrival p50':>12} {'p95)':>5} {'first 1 s: frame max':>20} {'latency max':>11}")
     for rep in range(args.reps):
         for rate in rates:
             k = rep % len(kinds)  # rotate the order, so the machine's noise hits all alike
@@ -352,7 +410,8 @@ def main() -> None:
                       f"{r['frame_max_ms']:5.0f} {r['ingest_p95_ms']:8.1f}ms {r['busy']:4.0%} "
                       f"{r['latency_p50_ms']:9.0f}ms {r['latency_p95_ms']:5.0f} "
                       f"{r['latency_max_ms']:5.0f} {r['arrival_p50_ms']:10.0f}ms "
-                      f"{r['arrival_p95_ms']:5.0f}", flush=True)
+                      f"{r['arrival_p95_ms']:5.0f} {r['first_frame_max_ms']:18.0f}ms "
+                      f"{r['first_latency_max_ms']:9.0f}ms", flush=True)
     for kind in kinds:
         mine = [r for r in results if r["variant"] == kind]
         ok = [r for r in mine if not r["dropped"] and r["received"] == r["sent"]

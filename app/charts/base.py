@@ -4,6 +4,7 @@ two points per pixel column (its min and max there) before pyqtgraph sees it."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,7 @@ class Chart(pg.PlotWidget):
         self.curves: dict[str, pg.PlotCurveItem | pg.PlotDataItem] = {}
         self._data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # as given, before thinning
         self._thinned_for: tuple[int, tuple[float, float] | None] = (0, None)
+        self.paint_s = 0.0  # how long its last paint took (the dashboard budgets frames)
         self.view.sigXRangeChanged.connect(self._rethin)  # zoomed, panned, or auto-ranged
         self.view.sigResized.connect(self._rethin)
         menu = self.view.menu
@@ -160,6 +162,11 @@ class Chart(pg.PlotWidget):
         width (:func:`peak_thin`), and thins them again when the x range or the size changes."""
         self._data[name] = (x, y)
         self._show(self.curve(name, color_hex, dashed, faint, symbol), x, y)
+
+    def paintEvent(self, event) -> None:  # noqa: ANN001, N802
+        t0 = time.perf_counter()
+        super().paintEvent(event)
+        self.paint_s = time.perf_counter() - t0
 
     def _show(self, item: pg.PlotCurveItem | pg.PlotDataItem, x: np.ndarray,
               y: np.ndarray) -> None:
@@ -211,7 +218,8 @@ class Chart(pg.PlotWidget):
         self.scene().prepareForPaint()
 
     def points(self, name: str) -> int:
-        """How many points curve ``name`` was given (tests use it to see data arrived)."""
+        """How many points curve ``name`` draws, before thinning (tests use it to see data
+        arrived)."""
         data = self._data.get(name)
         return 0 if data is None else len(data[0])
 

@@ -163,7 +163,8 @@ class PairPanel(QWidget):
 
 class DevicePanel(PairPanel):
     """Per GPU: utilization and memory, with temperature and power in the caption; on CPU
-    ranks: CPU % and RSS per rank."""
+    ranks: CPU % and RSS per rank. The two charts redraw separately (the dashboard spreads
+    them over frames); the caption goes with the utilization chart."""
 
     def __init__(self) -> None:
         self.util = Chart("Utilization", "%")
@@ -171,59 +172,79 @@ class DevicePanel(PairPanel):
         super().__init__(self.util, self.mem)
 
     def redraw(self, store: MetricStore) -> None:
-        if store.many_ranks:
-            self._redraw_spread(store)
-            return
-        parts = []
-        for rank in store.ranks():
-            device = store.info.devices.get(rank, "")
-            gpu = device.startswith("cuda")
-            name = f"{device} (rank {rank})" if gpu else f"rank {rank} (cpu)"
-            util = store.get(rank, "gpu_util_pct" if gpu else "cpu_pct")
-            mem = store.get(rank, "gpu_mem_used_bytes" if gpu else "rss_bytes")
-            self.util.set_data(name, util.x, util.y, color(rank))
-            self.mem.set_data(name, mem.x, mem.y / 2**30, color(rank))
-            if gpu:
-                temp = store.get(rank, "gpu_temp_c").last()
-                power = store.get(rank, "gpu_power_w").last()
-                total = store.get(rank, "gpu_mem_total_bytes").last()
-                parts.append(f"{name}: {_fmt(util.last(), '%')}, "
-                             f"{_fmt((mem.last() or 0) / 2**30, ' GiB')} of "
-                             f"{_fmt((total or 0) / 2**30, ' GiB')}, {_fmt(temp, ' °C')}, "
-                             f"{_fmt(power, ' W')}")
-            else:
-                parts.append(f"{name}: CPU {_fmt(util.last(), '%')}, RSS "
-                             f"{_fmt((mem.last() or 0) / 2**30, ' GiB')}")
-        self.caption.setText(" | ".join(parts))
+        self.redraw_util(store)
+        self.redraw_mem(store)
 
-    def _redraw_spread(self, store: MetricStore) -> None:
+    @staticmethod
+    def _gpu(store: MetricStore, rank: int) -> bool:
+        return store.info.devices.get(rank, "").startswith("cuda")
+
+    def _name(self, store: MetricStore, rank: int) -> str:
+        device = store.info.devices.get(rank, "")
+        return f"{device} (rank {rank})" if self._gpu(store, rank) else f"rank {rank} (cpu)"
+
+    def _what(self, store: MetricStore) -> str:
         ranks = store.ranks()
-        gpu = store.info.devices.get(ranks[0], "").startswith("cuda") if ranks else False
-        util_lo, util_mid, util_hi = store.spread("gpu_util_pct" if gpu else "cpu_pct")
-        mem_lo, mem_mid, mem_hi = store.spread("gpu_mem_used_bytes" if gpu else "rss_bytes")
-        n = len(ranks)
-        what = f"{n} GPUs" if gpu else f"{n} ranks (cpu)"
-        self.util.set_spread(what, util_mid.x, util_lo.y, util_mid.y, util_hi.y, color(0))
-        self.mem.set_spread(what, mem_mid.x, mem_lo.y / 2**30, mem_mid.y / 2**30,
-                            mem_hi.y / 2**30, color(0))
-        text = (f"{what}: utilization median {_fmt(util_mid.last(), '%')} (min "
+        gpu = bool(ranks) and self._gpu(store, ranks[0])
+        return f"{len(ranks)} GPUs" if gpu else f"{len(ranks)} ranks (cpu)"
+
+    def redraw_util(self, store: MetricStore) -> None:
+        if store.many_ranks:
+            ranks = store.ranks()
+            gpu = bool(ranks) and self._gpu(store, ranks[0])
+            lo, mid, hi = store.spread("gpu_util_pct" if gpu else "cpu_pct")
+            self.util.set_spread(self._what(store), mid.x, lo.y, mid.y, hi.y, color(0))
+            self.caption.setText(self._spread_caption(store, gpu, lo, mid))
+            return
+        for rank in store.ranks():
+            util = store.get(rank, "gpu_util_pct" if self._gpu(store, rank) else "cpu_pct")
+            self.util.set_data(self._name(store, rank), util.x, util.y, color(rank))
+        self.caption.setText(" | ".join(self._rank_caption(store, r) for r in store.ranks()))
+
+    def redraw_mem(self, store: MetricStore) -> None:
+        if store.many_ranks:
+            ranks = store.ranks()
+            gpu = bool(ranks) and self._gpu(store, ranks[0])
+            lo, mid, hi = store.spread("gpu_mem_used_bytes" if gpu else "rss_bytes")
+            self.mem.set_spread(self._what(store), mid.x, lo.y / 2**30, mid.y / 2**30,
+                                hi.y / 2**30, color(0))
+            return
+        for rank in store.ranks():
+            mem = store.get(rank, "gpu_mem_used_bytes" if self._gpu(store, rank)
+                            else "rss_bytes")
+            self.mem.set_data(self._name(store, rank), mem.x, mem.y / 2**30, color(rank))
+
+    def _rank_caption(self, store: MetricStore, rank: int) -> str:
+        name = self._name(store, rank)
+        if not self._gpu(store, rank):
+            return (f"{name}: CPU {_fmt(store.get(rank, 'cpu_pct').last(), '%')}, RSS "
+                    f"{_fmt((store.get(rank, 'rss_bytes').last() or 0) / 2**30, ' GiB')}")
+        used = store.get(rank, "gpu_mem_used_bytes").last()
+        total = store.get(rank, "gpu_mem_total_bytes").last()
+        return (f"{name}: {_fmt(store.get(rank, 'gpu_util_pct').last(), '%')}, "
+                f"{_fmt((used or 0) / 2**30, ' GiB')} of {_fmt((total or 0) / 2**30, ' GiB')}, "
+                f"{_fmt(store.get(rank, 'gpu_temp_c').last(), ' °C')}, "
+                f"{_fmt(store.get(rank, 'gpu_power_w').last(), ' W')}")
+
+    def _spread_caption(self, store: MetricStore, gpu: bool, util_lo: Series,
+                        util_mid: Series) -> str:
+        _mem_lo, mem_mid, mem_hi = store.spread("gpu_mem_used_bytes" if gpu else "rss_bytes")
+        text = (f"{self._what(store)}: utilization median {_fmt(util_mid.last(), '%')} (min "
                 f"{_fmt(util_lo.last(), '%')}), memory median "
                 f"{_fmt((mem_mid.last() or 0) / 2**30, ' GiB')} (max "
                 f"{_fmt((mem_hi.last() or 0) / 2**30, ' GiB')}")
-        if gpu:
-            total = store.spread("gpu_mem_total_bytes")[2].last()
-            power = [store.get(r, "gpu_power_w").last() for r in ranks]
-            text += (f" of {_fmt((total or 0) / 2**30, ' GiB')}), temperature max "
-                     f"{_fmt(store.spread('gpu_temp_c')[2].last(), ' °C')}, power total "
-                     f"{_fmt(sum(w for w in power if w is not None), ' W')}")
-        else:
-            text += ")"
-        self.caption.setText(text)
+        if not gpu:
+            return text + ")"
+        total = store.spread("gpu_mem_total_bytes")[2].last()
+        power = [store.get(r, "gpu_power_w").last() for r in store.ranks()]
+        return text + (f" of {_fmt((total or 0) / 2**30, ' GiB')}), temperature max "
+                       f"{_fmt(store.spread('gpu_temp_c')[2].last(), ' °C')}, power total "
+                       f"{_fmt(sum(w for w in power if w is not None and np.isfinite(w)), ' W')}")
 
 
 class SyncPanel(PairPanel):
     """Gradient all-reduce time and its exposed part per rank, their share of the step, and the
-    step-time breakdown of the last interval."""
+    step-time breakdown of the last interval (the caption, which goes with the sync chart)."""
 
     BREAKDOWN = (("data_wait_s", "data"), ("forward_s", "fwd"), ("backward_s", "bwd"),
                  ("sync_exposed_s", "exposed sync"), ("optimizer_s", "opt"))
@@ -234,62 +255,68 @@ class SyncPanel(PairPanel):
         super().__init__(self.sync, self.share)
 
     def redraw(self, store: MetricStore) -> None:
+        self.redraw_sync(store)
+        self.redraw_share(store)
+
+    def redraw_sync(self, store: MetricStore) -> None:
         if store.many_ranks:
-            self._redraw_spread(store)
+            n = len(store.ranks())
+            lo, mid, hi = store.spread("sync_time_s")
+            self.sync.set_spread(f"{n} ranks", mid.x, lo.y * 1e3, mid.y * 1e3, hi.y * 1e3,
+                                 color(0))
+            exposed = store.spread("sync_exposed_s")[1]
+            self.sync.set_data("exposed median", exposed.x, exposed.y * 1e3, color(0),
+                               dashed=True)
+            self.caption.setText(self._spread_caption(store))
             return
         lines = []
         for rank in store.ranks():
             sync = store.get(rank, "sync_time_s")
             exposed = store.get(rank, "sync_exposed_s")
-            step = store.get(rank, "step_time_s")
             self.sync.set_data(f"rank {rank}", sync.x, sync.y * 1e3, color(rank))
             self.sync.set_data(f"rank {rank} exposed", exposed.x, exposed.y * 1e3, color(rank),
                                dashed=True)
-            n = min(len(sync), len(step))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                share = 100 * sync.y[:n] / step.y[:n]
-            self.share.set_data(f"rank {rank}", sync.x[:n], share, color(rank))
-            parts = []
-            for key, label in self.BREAKDOWN:
-                v = store.get(rank, key).last()
-                if v is not None and np.isfinite(v):
-                    parts.append(f"{label} {v * 1e3:.1f}")
-            line = self._breakdown(f"rank {rank}", step.last(), parts)
+            line = self._rank_breakdown(store, rank, f"rank {rank}")
             if line:
                 lines.append(line)
         self.caption.setText("\n".join(lines))
 
-    @staticmethod
-    def _breakdown(who: str, total: float | None, parts: list[str]) -> str | None:
+    def redraw_share(self, store: MetricStore) -> None:
+        if store.many_ranks:
+            lo, mid, hi = store.spread("sync_share_pct")
+            self.share.set_spread(f"{len(store.ranks())} ranks", mid.x, lo.y, mid.y, hi.y,
+                                  color(0))
+            return
+        for rank in store.ranks():
+            sync = store.get(rank, "sync_time_s")
+            step = store.get(rank, "step_time_s")
+            n = min(len(sync), len(step))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = 100 * sync.y[:n] / step.y[:n]
+            self.share.set_data(f"rank {rank}", sync.x[:n], share, color(rank))
+
+    @classmethod
+    def _breakdown(cls, who: str, total: float | None, last: dict[str, float | None]) -> \
+            str | None:
+        parts = [f"{label} {v * 1e3:.1f}" for key, label in cls.BREAKDOWN
+                 if (v := last[key]) is not None and np.isfinite(v)]
         return f"{who} step {total * 1e3:.1f} ms = " + ", ".join(parts) if parts and total \
             else None
 
-    def _redraw_spread(self, store: MetricStore) -> None:
-        """The spread across ranks; the caption breaks down the median and the slowest rank."""
-        n = len(store.ranks())
-        lo, mid, hi = store.spread("sync_time_s")
-        self.sync.set_spread(f"{n} ranks", mid.x, lo.y * 1e3, mid.y * 1e3, hi.y * 1e3, color(0))
-        exposed = store.spread("sync_exposed_s")[1]
-        self.sync.set_data("exposed median", exposed.x, exposed.y * 1e3, color(0), dashed=True)
-        lo, mid, hi = store.spread("sync_share_pct")
-        self.share.set_spread(f"{n} ranks", mid.x, lo.y, mid.y, hi.y, color(0))
-        medians = []
-        for key, label in self.BREAKDOWN:
-            v = store.spread(key)[1].last()
-            if v is not None and np.isfinite(v):
-                medians.append(f"{label} {v * 1e3:.1f}")
-        lines = [self._breakdown("median", store.spread("step_time_s")[1].last(), medians)]
+    def _rank_breakdown(self, store: MetricStore, rank: int, who: str) -> str | None:
+        return self._breakdown(who, store.get(rank, "step_time_s").last(),
+                               {key: store.get(rank, key).last() for key, _ in self.BREAKDOWN})
+
+    def _spread_caption(self, store: MetricStore) -> str:
+        """The median's breakdown, and the slowest rank's."""
+        lines = [self._breakdown("median", store.spread("step_time_s")[1].last(),
+                                 {key: store.spread(key)[1].last() for key, _ in self.BREAKDOWN})]
         steps = {r: store.get(r, "step_time_s").last() for r in store.ranks()}
         known = {r: v for r, v in steps.items() if v is not None and np.isfinite(v)}
         if known:
             slow = max(known, key=lambda r: known[r])
-            parts = []
-            for key, label in self.BREAKDOWN:
-                v = store.get(slow, key).last()
-                if v is not None and np.isfinite(v):
-                    parts.append(f"{label} {v * 1e3:.1f}")
-            lines.append(self._breakdown(f"slowest, rank {slow}", known[slow], parts))
-        self.caption.setText("\n".join(line for line in lines if line))
+            lines.append(self._rank_breakdown(store, slow, f"slowest, rank {slow}"))
+        return "\n".join(line for line in lines if line)
 
 
 class ThroughputPanel(QWidget):

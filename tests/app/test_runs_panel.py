@@ -71,7 +71,7 @@ def test_opening_a_finished_run_draws_its_record(qtbot, open_window, runs: Path)
     assert w.open_run(runs / "second") == "record"
     assert w.store.info.step == 50 and w.store.info.state == "stopped"
     assert not w.controller.active and not w.stop_action.isEnabled()
-    w.dashboard.redraw()
+    w.dashboard.redraw(budget_s=None)
     assert w.dashboard.loss.chart.points("rank 1") == 5
     assert w.windowTitle() == "Rankscope - second"
     assert "stopped at step 50" in w.message_label.text()

@@ -67,7 +67,7 @@ def test_many_ranks_are_drawn_as_a_spread_few_as_lines(qtbot, ranks: int) -> Non
     for step in range(10, 60, 10):
         store.add({"type": "metrics", "time": float(step), "step": step, "ranks":
                    _rows(ranks, step)})
-    dash.redraw()
+    dash.redraw(budget_s=None)
     loss, sync = dash.loss.chart, dash.sync.sync
     if ranks <= 10:  # a line and a toggle per rank, as ever
         assert loss.points("rank 3") == 5 and len(dash.loss.toggles) == ranks

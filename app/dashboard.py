@@ -33,6 +33,7 @@ CATCH_UP_MS = 1
 """While charts are behind, the next frame follows this soon rather than a tick later: the
 event loop handles what is queued (input, the paint) in between, and a full refresh spread
 over a few frames reaches the screen sooner."""
+ALERTS_S = 0.25  # how often the straggler and stall alerts are worked out
 FRAME_BUDGET_S = 0.008
 """What the charts drawn in one frame may cost (their setData, fitting and paint, as each last
 measured its own): half a tick, so the event loop has the rest. At least one chart draws."""
@@ -81,6 +82,7 @@ class Dashboard(QWidget):
         """What a redraw of each chart costs (its setData, fitting and paint), averaged."""
         self._drawn = dict.fromkeys(self.charts, -1)  # the store version each chart shows
         self._progress_version = -1
+        self._alerts_at = -ALERTS_S
         self.run_dir: Path | None = None  # the run shown: its heartbeats word the hang hint
         self.catch_up_ms = CATCH_UP_MS
         self.timer = QTimer(self)
@@ -112,8 +114,11 @@ class Dashboard(QWidget):
 
     def redraw(self, budget_s: float | None = FRAME_BUDGET_S) -> None:
         """One frame: the progress line, and the charts behind the store that fit in
-        ``budget_s`` (None: all of them), the stalest first; the alerts always."""
-        self._alerts()
+        ``budget_s`` (None: all of them), the stalest first; the alerts every ALERTS_S."""
+        now = time.monotonic()
+        if now - self._alerts_at >= ALERTS_S:  # not in every catch-up frame
+            self._alerts_at = now
+            self._alerts()
         version = self.store.version
         if version != self._progress_version:
             self._progress_version = version

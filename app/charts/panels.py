@@ -183,15 +183,18 @@ class DevicePanel(PairPanel):
         device = store.info.devices.get(rank, "")
         return f"{device} (rank {rank})" if self._gpu(store, rank) else f"rank {rank} (cpu)"
 
-    def _what(self, store: MetricStore) -> str:
+    def _on_gpus(self, store: MetricStore) -> bool:
+        """The run's ranks are on GPUs (as the first rank is)."""
         ranks = store.ranks()
-        gpu = bool(ranks) and self._gpu(store, ranks[0])
-        return f"{len(ranks)} GPUs" if gpu else f"{len(ranks)} ranks (cpu)"
+        return bool(ranks) and self._gpu(store, ranks[0])
+
+    def _what(self, store: MetricStore) -> str:
+        n = len(store.ranks())
+        return f"{n} GPUs" if self._on_gpus(store) else f"{n} ranks (cpu)"
 
     def redraw_util(self, store: MetricStore) -> None:
         if store.many_ranks:
-            ranks = store.ranks()
-            gpu = bool(ranks) and self._gpu(store, ranks[0])
+            gpu = self._on_gpus(store)
             lo, mid, hi = store.spread("gpu_util_pct" if gpu else "cpu_pct")
             self.util.set_spread(self._what(store), mid.x, lo.y, mid.y, hi.y, color(0))
             self.caption.setText(self._spread_caption(store, gpu, lo, mid))
@@ -203,8 +206,7 @@ class DevicePanel(PairPanel):
 
     def redraw_mem(self, store: MetricStore) -> None:
         if store.many_ranks:
-            ranks = store.ranks()
-            gpu = bool(ranks) and self._gpu(store, ranks[0])
+            gpu = self._on_gpus(store)
             lo, mid, hi = store.spread("gpu_mem_used_bytes" if gpu else "rss_bytes")
             self.mem.set_spread(self._what(store), mid.x, lo.y / 2**30, mid.y / 2**30,
                                 hi.y / 2**30, color(0))

@@ -1,6 +1,7 @@
 """The live dashboard: progress, alerts and the four chart panels, redrawn on a timer.
 
-A frame has a budget: on each tick only as many charts redraw as fit in FRAME_BUDGET_S by
+The progress line and the captions take new text a few times a second (LABELS_S). A frame
+has a budget: on each tick only as many charts redraw as fit in FRAME_BUDGET_S by
 their measured cost, the stalest first; the rest redraw in the next frames, which follow at
 once (CATCH_UP_MS) until every chart shows the latest data. So the window stays responsive
 however many curves there are, and a full refresh still reaches the screen within a few
@@ -34,6 +35,10 @@ CATCH_UP_MS = 1
 event loop handles what is queued (input, the paint) in between, and a full refresh spread
 over a few frames reaches the screen sooner."""
 ALERTS_S = 0.25  # how often the straggler and stall alerts are worked out
+LABELS_S = 0.25
+"""How often the progress line and the panels' captions take new text: a label's new text
+costs a repaint of the widgets around and beneath it (its parents, the tab page), about as
+much as a chart's, so not in every frame (docs/BENCHMARKS.md)."""
 FRAME_BUDGET_S = 0.008
 """What the charts drawn in one frame may cost (their setData, fitting and paint, as each last
 measured its own): half a tick, so the event loop has the rest. At least one chart draws."""
@@ -81,7 +86,10 @@ class Dashboard(QWidget):
         self.cost_s = dict.fromkeys(self.charts, 0.0)
         """What a redraw of each chart costs (its setData, fitting and paint), averaged."""
         self._drawn = dict.fromkeys(self.charts, -1)  # the store version each chart shows
-        self._progress_version = -1
+        self.labels_version = -1
+        """The store version that the progress line and the captions show (-1: none yet)."""
+        self._labels_at = float("-inf")
+        self.labels_s = LABELS_S
         self._alerts_at = -ALERTS_S
         self.run_dir: Path | None = None  # the run shown: its heartbeats word the hang hint
         self.catch_up_ms = CATCH_UP_MS
@@ -96,7 +104,8 @@ class Dashboard(QWidget):
             if chart is not self.loss.chart:  # the loss panel clears its own
                 chart.reset()
         self._drawn = dict.fromkeys(self.charts, -1)
-        self._progress_version = -1
+        self.labels_version = -1
+        self._labels_at = float("-inf")
         self.alert.setText("")
 
     @property
@@ -113,16 +122,21 @@ class Dashboard(QWidget):
         return [c for c in self.charts if self._drawn[c] != self.store.version]
 
     def redraw(self, budget_s: float | None = FRAME_BUDGET_S) -> None:
-        """One frame: the progress line, and the charts behind the store that fit in
-        ``budget_s`` (None: all of them), the stalest first; the alerts every ALERTS_S."""
+        """One frame: the charts behind the store that fit in ``budget_s`` (None: all of
+        them, and the labels too), the stalest first; the progress line and captions every
+        ``labels_s``, the alerts every ALERTS_S."""
         now = time.monotonic()
         if now - self._alerts_at >= ALERTS_S:  # not in every catch-up frame
             self._alerts_at = now
             self._alerts()
         version = self.store.version
-        if version != self._progress_version:
-            self._progress_version = version
+        if version != self.labels_version and (
+                budget_s is None or now - self._labels_at >= self.labels_s):
+            self._labels_at = now
+            self.labels_version = version
             self._progress()
+            self.sync.redraw_caption(self.store)
+            self.devices.redraw_caption(self.store)
         spent = 0.0
         stale = sorted((p for p in self.parts if self._drawn[p[0]] != version),
                        key=lambda p: self._drawn[p[0]])
@@ -144,8 +158,10 @@ class Dashboard(QWidget):
         total = info.total_steps or 0
         self.progress.setRange(0, max(total, 1))
         self.progress.setValue(min(info.step, max(total, 1)))
-        self.progress_label.setText(f"step {info.step}/{total or '?'}  epoch {info.epoch}  "
-                                    f"ETA {fmt_duration(self.store.eta_s())}")
+        text = (f"step {info.step}/{total or '?'}  epoch {info.epoch}  "
+                f"ETA {fmt_duration(self.store.eta_s())}")
+        if text != self.progress_label.text():
+            self.progress_label.setText(text)
 
     def _alerts(self) -> None:
         parts = []

@@ -144,6 +144,12 @@ def no_catch_up(window: Any) -> None:
     window.dashboard.catch_up_ms = REDRAW_MS
 
 
+def labels_every_frame(window: Any) -> None:
+    """The progress line and the captions take new text in every frame with new data, as
+    before LABELS_S (not every 250 ms)."""
+    window.dashboard.labels_s = 0.0
+
+
 def pyqtgraph_curves(window: Any) -> None:
     """Curves as before thinning: pyqtgraph's PlotDataItem given every point, with its own
     clipping and auto peak downsampling, and the auto-range asking each item for its bounds."""
@@ -171,7 +177,8 @@ def pyqtgraph_curves(window: Any) -> None:
 
 VARIANTS = {"app": lambda _window: None, "translucent-grid": translucent_grid,
             "moving-axes": moving_axes, "every-chart": every_chart,
-            "pyqtgraph-curves": pyqtgraph_curves, "no-catch-up": no_catch_up}
+            "pyqtgraph-curves": pyqtgraph_curves, "no-catch-up": no_catch_up,
+            "labels-every-frame": labels_every_frame}
 
 
 def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> dict[str, Any]:
@@ -374,7 +381,8 @@ def main() -> None:
                         "(pyqtgraph's auto-range fitted in each paint, as before), every-chart "
                         "(no frame budget: all charts every 33 ms, as before), pyqtgraph-curves "
                         "(every point to pyqtgraph's PlotDataItem, as before thinning), "
-                        "no-catch-up (charts left behind wait for the next tick)")
+                        "no-catch-up (charts left behind wait for the next tick), "
+                        "labels-every-frame (progress line and captions in every frame)")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     parser.add_argument("--png", metavar="FILE", help="also plot them here")
     parser.add_argument("--one", nargs=4, metavar=("RANKS", "RATE", "SECONDS", "VARIANT"),

@@ -160,6 +160,16 @@ class PairPanel(QWidget):
         layout.addLayout(row)
         layout.addWidget(self.caption)
 
+    def redraw_caption(self, store: MetricStore) -> None:
+        """The caption, from the store's latest values (the dashboard does this a few times a
+        second, not in every frame: a label's new text repaints the window around it)."""
+        text = self._caption(store)
+        if text != self.caption.text():
+            self.caption.setText(text)
+
+    def _caption(self, store: MetricStore) -> str:
+        raise NotImplementedError
+
 
 class DevicePanel(PairPanel):
     """Per GPU: utilization and memory, with temperature and power in the caption; on CPU
@@ -174,6 +184,7 @@ class DevicePanel(PairPanel):
     def redraw(self, store: MetricStore) -> None:
         self.redraw_util(store)
         self.redraw_mem(store)
+        self.redraw_caption(store)
 
     @staticmethod
     def _gpu(store: MetricStore, rank: int) -> bool:
@@ -197,12 +208,17 @@ class DevicePanel(PairPanel):
             gpu = self._on_gpus(store)
             lo, mid, hi = store.spread("gpu_util_pct" if gpu else "cpu_pct")
             self.util.set_spread(self._what(store), mid.x, lo.y, mid.y, hi.y, color(0))
-            self.caption.setText(self._spread_caption(store, gpu, lo, mid))
             return
         for rank in store.ranks():
             util = store.get(rank, "gpu_util_pct" if self._gpu(store, rank) else "cpu_pct")
             self.util.set_data(self._name(store, rank), util.x, util.y, color(rank))
-        self.caption.setText(" | ".join(self._rank_caption(store, r) for r in store.ranks()))
+
+    def _caption(self, store: MetricStore) -> str:
+        if store.many_ranks:
+            gpu = self._on_gpus(store)
+            lo, mid, _hi = store.spread("gpu_util_pct" if gpu else "cpu_pct")
+            return self._spread_caption(store, gpu, lo, mid)
+        return " | ".join(self._rank_caption(store, r) for r in store.ranks())
 
     def redraw_mem(self, store: MetricStore) -> None:
         if store.many_ranks:
@@ -259,6 +275,7 @@ class SyncPanel(PairPanel):
     def redraw(self, store: MetricStore) -> None:
         self.redraw_sync(store)
         self.redraw_share(store)
+        self.redraw_caption(store)
 
     def redraw_sync(self, store: MetricStore) -> None:
         if store.many_ranks:
@@ -269,19 +286,19 @@ class SyncPanel(PairPanel):
             exposed = store.spread("sync_exposed_s")[1]
             self.sync.set_data("exposed median", exposed.x, exposed.y * 1e3, color(0),
                                dashed=True)
-            self.caption.setText(self._spread_caption(store))
             return
-        lines = []
         for rank in store.ranks():
             sync = store.get(rank, "sync_time_s")
             exposed = store.get(rank, "sync_exposed_s")
             self.sync.set_data(f"rank {rank}", sync.x, sync.y * 1e3, color(rank))
             self.sync.set_data(f"rank {rank} exposed", exposed.x, exposed.y * 1e3, color(rank),
                                dashed=True)
-            line = self._rank_breakdown(store, rank, f"rank {rank}")
-            if line:
-                lines.append(line)
-        self.caption.setText("\n".join(lines))
+
+    def _caption(self, store: MetricStore) -> str:
+        if store.many_ranks:
+            return self._spread_caption(store)
+        lines = (self._rank_breakdown(store, rank, f"rank {rank}") for rank in store.ranks())
+        return "\n".join(line for line in lines if line)
 
     def redraw_share(self, store: MetricStore) -> None:
         if store.many_ranks:

@@ -23,6 +23,17 @@ def shown_chart(qtbot, width: int = 500, height: int = 300) -> Chart:
     return chart
 
 
+def rank_rows(n: int, step: int) -> list[dict]:
+    """One metrics report's rank rows: ``n`` ranks on GPUs, every field filled; rank r is
+    a little slower and its loss a little higher than rank r - 1."""
+    return [{"rank": r, "loss": 2.0 - step / 100 + r / 100, "step_time_s": 0.010 + r / 1000,
+             "samples_per_s": 6400.0 - r, "sync_time_s": 0.003, "sync_exposed_s": 0.001,
+             "data_wait_s": 0.0004, "forward_s": 0.002, "backward_s": 0.005,
+             "optimizer_s": 0.001, "gpu_util_pct": 90.0 + r / 10, "gpu_mem_used_bytes": 2**34,
+             "gpu_mem_total_bytes": 2**36, "gpu_temp_c": 60.0 + r, "gpu_power_w": 500.0,
+             "device": f"cuda:{r % 8}"} for r in range(n)]
+
+
 def _make(qtbot, tmp_path: Path, runs_dir: Path) -> MainWindow:
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     w = MainWindow(runs_dir=str(runs_dir), settings=settings, gpus=[])

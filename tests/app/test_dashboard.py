@@ -1,15 +1,17 @@
-"""The dashboard's frames: within a budget the stalest charts draw first; all catch up."""
+"""The dashboard's frames: within a budget the stalest charts draw first; all catch up; the
+labels take new text a few times a second."""
 
 from __future__ import annotations
 
 from app.charts.base import Chart
 from app.dashboard import Dashboard
 from app.metric_store import MetricStore
-from tests.app.charts.test_panels import _rows
+from tests.app.conftest import rank_rows
 
 
 def _report(store: MetricStore, step: int, ranks: int = 4) -> None:
-    store.add({"type": "metrics", "time": float(step), "step": step, "ranks": _rows(ranks, step)})
+    store.add({"type": "metrics", "time": float(step), "step": step,
+               "ranks": rank_rows(ranks, step)})
 
 
 def _dashboard(qtbot) -> Dashboard:
@@ -69,3 +71,29 @@ def test_the_timer_keeps_drawing_until_every_chart_is_current(qtbot) -> None:
     qtbot.waitUntil(lambda: dash.drawn_version == store.version, timeout=10_000)
     assert not dash.has_work()
     assert dash.throughput.chart.points("rank 7") == 199
+
+
+def test_the_labels_take_new_text_every_labels_s_and_catch_up(qtbot) -> None:
+    dash = _dashboard(qtbot)
+    store = dash.store
+    _report(store, 1)
+    dash.redraw()  # the first frame with data: the labels too
+    assert dash.labels_version == store.version
+    assert dash.progress_label.text().startswith("step 1/")
+    assert dash.sync.caption.text().startswith("rank 0 step 10.0 ms")
+
+    dash.labels_s = 3600.0  # within the hour, frames draw the charts but not the labels
+    _report(store, 2)
+    dash.redraw(budget_s=1.0)
+    assert dash.drawn_version == store.version and dash.labels_version < store.version
+    assert dash.progress_label.text().startswith("step 1/")
+    dash.redraw(budget_s=None)  # everything at once: the labels too
+    assert dash.labels_version == store.version
+    assert dash.progress_label.text().startswith("step 2/")
+
+    dash.labels_s = 0.05  # on the timer, the labels catch up with the last report
+    for step in range(3, 30):
+        _report(store, step)
+    dash.timer.start()
+    qtbot.waitUntil(lambda: dash.labels_version == store.version, timeout=10_000)
+    assert dash.progress_label.text().startswith("step 29/")

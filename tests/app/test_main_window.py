@@ -90,7 +90,8 @@ def test_a_whole_run_from_the_gui_to_completion(qtbot, window: MainWindow) -> No
     assert "no process of the run is left" in window.message_label.text()
     store = window.store
     assert store.ranks() == [0, 1] and store.info.step == 60
-    qtbot.waitUntil(lambda: window.dashboard.drawn_version == store.version, timeout=5000)
+    qtbot.waitUntil(lambda: window.dashboard.drawn_version == store.version
+                    and window.dashboard.labels_version == store.version, timeout=5000)
     assert window.dashboard.loss.chart.points("rank 1") > 0
     assert window.dashboard.throughput.chart.points("all ranks") == 6
     assert window.dashboard.sync.sync.points("rank 0") == 6

@@ -7,6 +7,7 @@ import pytest
 
 from app.charts.panels import Smoother, smooth
 from app.metric_store import Series
+from tests.app.conftest import rank_rows
 
 
 def _reference(y: np.ndarray, weight: float) -> np.ndarray:
@@ -47,15 +48,6 @@ def test_the_smoother_extends_and_restarts_when_the_series_is_thinned() -> None:
     assert np.array_equal(smoother(series, 0.0), series.y, equal_nan=True)  # 0: unsmoothed
 
 
-def _rows(n: int, step: int) -> list[dict]:
-    return [{"rank": r, "loss": 2.0 - step / 100 + r / 100, "step_time_s": 0.010 + r / 1000,
-             "samples_per_s": 6400.0 - r, "sync_time_s": 0.003, "sync_exposed_s": 0.001,
-             "data_wait_s": 0.0004, "forward_s": 0.002, "backward_s": 0.005,
-             "optimizer_s": 0.001, "gpu_util_pct": 90.0 + r / 10, "gpu_mem_used_bytes": 2**34,
-             "gpu_mem_total_bytes": 2**36, "gpu_temp_c": 60.0 + r, "gpu_power_w": 500.0,
-             "device": f"cuda:{r % 8}"} for r in range(n)]
-
-
 @pytest.mark.parametrize("ranks", [4, 64])
 def test_many_ranks_are_drawn_as_a_spread_few_as_lines(qtbot, ranks: int) -> None:
     from app.dashboard import Dashboard
@@ -66,7 +58,7 @@ def test_many_ranks_are_drawn_as_a_spread_few_as_lines(qtbot, ranks: int) -> Non
     qtbot.addWidget(dash)
     for step in range(10, 60, 10):
         store.add({"type": "metrics", "time": float(step), "step": step, "ranks":
-                   _rows(ranks, step)})
+                   rank_rows(ranks, step)})
     dash.redraw(budget_s=None)
     loss, sync = dash.loss.chart, dash.sync.sync
     if ranks <= 10:  # a line and a toggle per rank, as ever

@@ -150,6 +150,15 @@ def labels_every_frame(window: Any) -> None:
     window.dashboard.labels_s = 0.0
 
 
+def full_tables(window: Any) -> None:
+    """The store's tables allocated at full capacity from the start, as before they grew
+    (each variant runs in a process of its own)."""
+    from app.metric_store import Table
+
+    Table.START = window.store.capacity
+    window.store.clear()
+
+
 def pyqtgraph_curves(window: Any) -> None:
     """Curves as before thinning: pyqtgraph's PlotDataItem given every point, with its own
     clipping and auto peak downsampling, and the auto-range asking each item for its bounds."""
@@ -178,7 +187,7 @@ def pyqtgraph_curves(window: Any) -> None:
 VARIANTS = {"app": lambda _window: None, "translucent-grid": translucent_grid,
             "moving-axes": moving_axes, "every-chart": every_chart,
             "pyqtgraph-curves": pyqtgraph_curves, "no-catch-up": no_catch_up,
-            "labels-every-frame": labels_every_frame}
+            "labels-every-frame": labels_every_frame, "full-tables": full_tables}
 
 
 def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> dict[str, Any]:
@@ -382,7 +391,8 @@ def main() -> None:
                         "(no frame budget: all charts every 33 ms, as before), pyqtgraph-curves "
                         "(every point to pyqtgraph's PlotDataItem, as before thinning), "
                         "no-catch-up (charts left behind wait for the next tick), "
-                        "labels-every-frame (progress line and captions in every frame)")
+                        "labels-every-frame (progress line and captions in every frame), "
+                        "full-tables (the store's tables at full size from the start)")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     parser.add_argument("--png", metavar="FILE", help="also plot them here")
     parser.add_argument("--one", nargs=4, metavar=("RANKS", "RATE", "SECONDS", "VARIANT"),

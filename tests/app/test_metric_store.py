@@ -96,6 +96,26 @@ def test_a_table_thins_every_column_alike_and_takes_new_columns() -> None:
     assert np.array_equal(table.column(2)[joined], 2 * x[joined])
 
 
+def test_a_table_grows_as_rows_come_keeping_every_row_and_column() -> None:
+    table = Table(capacity=20_000, columns=64 * 17)  # 64 ranks' fields
+    table.append(1, np.ones(table.columns))
+    assert table.nbytes < 4 * 2**20  # not 170 MiB from the first report on
+    rows = []
+    for step in range(2, 3000):
+        if step == 700:  # columns added while the table is growing
+            table.add_columns(17)
+        row = np.full(table.columns, float(step))
+        row[::2] = -step
+        table.append(step, row)
+        rows.append(step)
+    assert len(table) == 3000 - 1 and list(table.x) == [1, *rows]
+    assert list(table.column(1)) == [1, *rows]
+    assert list(table.column(0)) == [1, *(-np.array(rows))]
+    late = table.column(table.columns - 2)  # odd: the step itself, from step 700 on
+    assert np.isnan(late[:699]).all() and np.array_equal(late[699:], rows[698:])
+    assert table.nbytes < 20_000 * (table.columns + 1) * 8 / 2
+
+
 def test_a_rank_that_joins_late_and_bad_values_spoil_nothing_else() -> None:
     store = MetricStore()
     store.add(_metrics(1, 1.0, [0.01]))

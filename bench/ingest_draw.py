@@ -463,7 +463,7 @@ def plot(results: list[dict[str, Any]], ranks: int, path: Path) -> None:
     app = QApplication.instance() or QApplication([])
     chart = Chart(f"{ranks} ranks: the window under load (log-log)", "milliseconds",
                   "metrics messages/s")
-    chart.setLogMode(x=True, y=True)
+    # log-log by hand: the app's bare curves (PlotCurveItem) have no log mode of their own
     chart.legend.anchor((0, 0), (0, 0), offset=(70, 30))  # top left, above the low rates
     all_rates = sorted({r["rate"] for r in results})
     chart.getAxis("bottom").setTicks([[(np.log10(x), f"{x:g}") for x in all_rates], []])
@@ -482,7 +482,8 @@ def plot(results: list[dict[str, Any]], ranks: int, path: Path) -> None:
             y = [statistics.median(by_rate[x]) for x in rates]
             values += y
             name = label if len(kinds) == 1 else f"{label} ({kind})"
-            chart.set_data(name, np.array(rates), np.array(y), color(i), dashed=kind != kinds[0])
+            chart.set_data(name, np.log10(rates), np.log10(y), color(i),
+                           dashed=kind != kinds[0], symbol="o")
     for ms, what in ((100, "latency target"), (16, "frame target")):
         chart.addItem(pg.InfiniteLine(np.log10(ms), angle=0, label=f"{what} {ms} ms",
                                       labelOpts={"position": 0.1, "color": "#555"},

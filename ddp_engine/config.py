@@ -46,6 +46,13 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES: tuple[str, ...] = ("stop", "warn")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
+NODE_RANK_ENV = "RANKSCOPE_NODE_RANK"
+"""Set by the launcher on each node of a multi-node run (``--node-rank``): the ranks are
+numbered by it, ``node_rank * local_world_size + local_rank``. torchrun's c10d rendezvous
+numbers the nodes in the order of their descriptors (host name, then launcher pid) instead,
+so global rank 0 could land on any node; numbered by node rank it is on node 0, with the run
+folder the user started there."""
+
 _PLUGIN_RE = re.compile(r"^(?P<target>.+?):(?P<func>[A-Za-z_][A-Za-z0-9_]*)$")
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -151,6 +158,20 @@ class RunConfig:
                                  30)
     """Grace period given to ranks after a stop signal."""
 
+    nnodes: int = _f("machines (nodes) in the run; start `launch` on each with its own "
+                     "--node-rank", 1)
+    """Nodes in the run, each running ``nproc`` ranks (torchrun's --nnodes)."""
+    node_rank: int = _f("this machine's place among the nodes, 0..nnodes-1; node 0 holds "
+                        "global rank 0, the run folder's metrics and checkpoints, and the "
+                        "telemetry server", 0)
+    """This node: its ranks are node_rank * nproc + local rank."""
+    rdzv_endpoint: str | None = _f("HOST:PORT of torchrun's c10d rendezvous, reachable from "
+                                   "every node (node 0's address); needed when nnodes > 1")
+    """Where the nodes meet (torchrun's --rdzv-endpoint, c10d backend)."""
+    rdzv_id: str | None = _f("rendezvous id, the same on every node (default: rankscope-<run "
+                             "name>)")
+    """torchrun's --rdzv-id: nodes with the same id and endpoint form one run."""
+
     run_dir: str | None = _f("write this run into exactly this folder")
     """Run folder; when unset, ``runs_dir/<name>-<timestamp>``."""
     runs_dir: str = _f("parent folder of auto-named runs", "runs")
@@ -234,6 +255,19 @@ class RunConfig:
         _at_least("num_workers", self.num_workers, 0)
         _at_least("shutdown_timeout_s", self.shutdown_timeout_s, 1)
         _at_least("monitor_buffer_bytes", self.monitor_buffer_bytes, 1024)
+        _at_least("nnodes", self.nnodes, 1)
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"node_rank must be between 0 and nnodes - 1 "
+                              f"({self.nnodes - 1}), got {self.node_rank}")
+        if self.rdzv_endpoint is not None:
+            split_endpoint("rdzv_endpoint", self.rdzv_endpoint)
+        elif self.nnodes > 1:
+            raise ConfigError(f"rdzv_endpoint: nnodes is {self.nnodes}, so every node needs "
+                              "the rendezvous address, HOST:PORT (node 0's host and a free "
+                              "port, e.g. node0.example.org:29400)")
+        if self.rdzv_id is not None and not _NAME_RE.match(self.rdzv_id):
+            raise ConfigError(f"rdzv_id: {self.rdzv_id!r} is not allowed; use 1-64 letters, "
+                              "digits, '.', '_' or '-', starting with a letter or digit")
         if not 0 <= self.monitor_port <= 65535:
             raise ConfigError(f"monitor_port must be between 0 and 65535, got "
                               f"{self.monitor_port}")
@@ -260,6 +294,14 @@ class RunConfig:
         if self.epochs is not None:
             return self.epochs
         return None if self.max_steps is not None else 1
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+    def rendezvous_id(self) -> str:
+        """``rdzv_id``, or one every node derives alike from the run name."""
+        return self.rdzv_id or f"rankscope-{self.default_name()}"[:64]
 
     def default_name(self) -> str:
         """The run name used when ``name`` is unset."""
@@ -348,6 +390,21 @@ class RunConfig:
 
 
 # --------------------------------------------------------------------------------- helpers
+def split_endpoint(name: str, value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:29400``) as (host, port).
+
+    Raises:
+        ConfigError: naming ``name``, the value and the form allowed.
+    """
+    host, sep, port = value.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 \
+            or any(c.isspace() for c in host):
+        raise ConfigError(f"{name} must be HOST:PORT with a port 1-65535 (e.g. "
+                          f"node0.example.org:29400 or 10.0.0.1:29400), got {value!r}")
+    return host, int(port)
+
+
 def split_dataset(spec: str) -> tuple[str, str]:
     """Classify a dataset spec: ``("synthetic", "")``, ``("text", PATH)``, ``("plugin", spec)``."""
     for kind in PATH_DATASETS:
@@ -622,7 +679,7 @@ def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None
         raise ConfigError(f"run_dir: {cfg.run_dir!r} is a file, not a folder")
     if Path(cfg.runs_dir).exists() and not Path(cfg.runs_dir).is_dir():
         raise ConfigError(f"runs_dir: {cfg.runs_dir!r} is a file, not a folder")
-    if cfg.telemetry and cfg.monitor_port:
+    if cfg.telemetry and cfg.monitor_port and cfg.node_rank == 0:  # rank 0 serves, on node 0
         check_port_free("monitor_port", cfg.monitor_port)
 
 

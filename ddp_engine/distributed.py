@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -14,17 +15,19 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
+from ddp_engine.config import NODE_RANK_ENV
 from ddp_engine.lifeline import PARENT_DEATH_SIGNAL
 
 
 @dataclass(frozen=True)
 class DistInfo:
-    """Who this process is, as torchrun's environment says."""
+    """Who this process is, as torchrun's environment (and the node rank) says."""
 
     rank: int
     local_rank: int
     world_size: int
     local_world_size: int
+    node_rank: int = 0
 
     @classmethod
     def from_env(cls) -> DistInfo:
@@ -39,9 +42,22 @@ class DistInfo:
                                "(torchrun --nproc-per-node N -m ddp_engine.worker --config FILE)"
                                " or with python -m ddp_engine launch")
         world = int(os.environ["WORLD_SIZE"])
-        return cls(rank=int(os.environ["RANK"]), local_rank=int(os.environ["LOCAL_RANK"]),
-                   world_size=world,
-                   local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        local_rank = int(os.environ["LOCAL_RANK"])
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        rank = int(os.environ["RANK"])
+        node = os.environ.get(NODE_RANK_ENV)
+        if node is None:
+            return cls(rank, local_rank, world, local_world,
+                       node_rank=int(os.environ.get("GROUP_RANK", 0)))
+        node_rank = int(node)
+        rank = node_rank * local_world + local_rank
+        if world % local_world or rank >= world:
+            raise RuntimeError(f"{NODE_RANK_ENV}={node_rank} does not fit this run: "
+                               f"{world} ranks, {local_world} on this node; every node must "
+                               "run the same number of processes and have its own node rank "
+                               f"0..{world // max(local_world, 1) - 1}")
+        os.environ["RANK"] = str(rank)  # what this rank is, for everything that reads it
+        return cls(rank, local_rank, world, local_world, node_rank=node_rank)
 
 
 def choose_backend(device_pref: str, local_world_size: int) -> str:
@@ -82,7 +98,8 @@ def init_distributed(device_pref: str, timeout_s: float) -> DistContext:
         device = torch.device("cpu")
     timeout = datetime.timedelta(seconds=timeout_s)
     # device_id binds the NCCL communicator to this rank's GPU eagerly.
-    dist.init_process_group(backend=backend, timeout=timeout,
+    dist.init_process_group(backend=backend, timeout=timeout, rank=info.rank,
+                            world_size=info.world_size,
                             device_id=device if backend == "nccl" else None)
     side = (dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo"
             else dist.group.WORLD)
@@ -94,6 +111,18 @@ def teardown() -> None:
     """destroy_process_group if a group exists; safe to call on every exit path."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+STOP_ASKED = 1.0
+LOST_LAUNCHER = 2.0
+"""Stop codes, all-reduced with MAX: a lost launcher (LOST_LAUNCHER + its node rank) wins
+over a plain stop, so every rank learns that the run failed, and where."""
+
+
+def lost_launcher_text(node: int) -> str:
+    """What a rank says when a launcher died: which node's, in a multi-node run."""
+    return (f"the launcher of node {node} died" if NODE_RANK_ENV in os.environ
+            else "the launcher died")
 
 
 #: Seconds a stop request waits at most for the next agreed-stop check (beyond the step it
@@ -116,7 +145,11 @@ class StopFlag:
         self._group = side_group
         self._every = every
         self.reason: str | None = None
-        # [stop flag, this rank's seconds per step since the last check], reduced with MAX
+        self._code = STOP_ASKED
+        self.failure: str | None = None
+        """Set when the agreed stop is a failure: a node's launcher died (the run stops
+        cleanly on every rank, and ends failed)."""
+        # [stop code, this rank's seconds per step since the last check], reduced with MAX
         self._buf = torch.zeros(2, dtype=torch.float64)
         self._next: int | None = None  # the step of the next check (the same on every rank)
         self._last = (0, 0.0)  # (step, time.monotonic()) at the last check
@@ -126,10 +159,12 @@ class StopFlag:
         """Use ``side_group`` for the agreement (created after the handlers were installed)."""
         self._group = side_group
 
-    def request(self, reason: str) -> None:
-        """Ask for a stop (thread- and signal-safe: two attribute assignments)."""
+    def request(self, reason: str, code: float = 1.0) -> None:
+        """Ask for a stop (thread- and signal-safe: attribute assignments). ``code`` above
+        STOP_ASKED says the run lost a node's launcher: :data:`LOST_LAUNCHER` + its node."""
         if not self._requested:
             self.reason = reason
+            self._code = code
         self._requested = True
 
     @property
@@ -143,8 +178,8 @@ class StopFlag:
         SIGKILLs itself. torchrun, which waits 30 s after a failure whatever its shutdown
         timeout, then ends the run at once."""
 
-        def watchdog(why: str) -> None:
-            self.request(why)
+        def watchdog(why: str, code: float = STOP_ASKED) -> None:
+            self.request(why, code)
             if self._watchdog is None:
                 self._watchdog = threading.Timer(grace_s, _give_up, args=(why, grace_s))
                 self._watchdog.daemon = True
@@ -154,7 +189,8 @@ class StopFlag:
             watchdog(f"signal {signal.Signals(signum).name}")
 
         def orphaned(_signum: int, _frame: FrameType | None) -> None:
-            watchdog("the launcher died")
+            node = int(os.environ.get(NODE_RANK_ENV) or 0)
+            watchdog(lost_launcher_text(node), LOST_LAUNCHER + node)
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, handler)
@@ -181,17 +217,37 @@ class StopFlag:
             return False
         last_step, last_time = self._last
         per_step = (now - last_time) / (step - last_step) if step > last_step else 0.0
-        self._buf[0] = 1.0 if self._requested else 0.0
+        self._buf[0] = self._code if self._requested else 0.0
         self._buf[1] = per_step
         if self._group is not None:
             dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self._group)
         self.checks += 1
         self._last = (step, now)
         self._next = step + self.interval(float(self._buf[1]))
-        stop = bool(self._buf[0] > 0)
-        if stop and not self._requested:
-            self.request("another rank asked to stop")
-        return stop
+        code = float(self._buf[0])
+        if code <= 0:
+            return False
+        if code >= LOST_LAUNCHER:
+            self.failure = lost_launcher_text(int(code - LOST_LAUNCHER))
+            self.reason = self.failure
+        else:
+            asked = self._asker_reason()  # a collective: every rank, every time
+            if not self._requested:
+                self.request(asked)
+        self._requested = True
+        return True
+
+    def _asker_reason(self) -> str:
+        """Why the run stops, as the lowest rank that asked says. Every rank calls it once,
+        when the stop is agreed: the ranks that did not ask learn why (every node then reports
+        the same reason)."""
+        fallback = "another rank asked to stop"
+        if self._group is None or dist.get_world_size(self._group) == 1:
+            return self.reason or fallback
+        reasons: list[str | None] = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(reasons, self.reason if self._requested else None,
+                               group=self._group)
+        return next((r for r in reasons if r), fallback)
 
 
 def _give_up(why: str, grace_s: float) -> None:
@@ -199,6 +255,18 @@ def _give_up(why: str, grace_s: float) -> None:
           f"after {grace_s:g} s (this rank is stuck): killing itself", file=sys.stderr,
           flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def rank_places(info: DistInfo, group: dist.ProcessGroup | None) -> list[dict[str, object]]:
+    """Where every rank runs, row r for rank r: its node's host name, node rank and local rank
+    (gathered once, at start: telemetry names them in every rank entry)."""
+    mine: dict[str, object] = {"host": socket.gethostname(), "node": info.node_rank,
+                               "local_rank": info.local_rank}
+    if group is None or info.world_size == 1:
+        return [mine]
+    places: list[dict[str, object] | None] = [None] * info.world_size
+    dist.all_gather_object(places, mine, group=group)
+    return [p if p is not None else {} for p in places]
 
 
 def all_gather_rows(values: list[float], group: dist.ProcessGroup | None,

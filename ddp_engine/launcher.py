@@ -32,7 +32,13 @@ from typing import Any, TextIO
 import psutil
 
 from ddp_engine import devices
-from ddp_engine.config import ConfigError, RunConfig, check_environment, resolved_device
+from ddp_engine.config import (
+    NODE_RANK_ENV,
+    ConfigError,
+    RunConfig,
+    check_environment,
+    resolved_device,
+)
 from ddp_engine.heartbeat import ReportClock, hang_hint, read_heartbeats, stall_text
 from ddp_engine.protocol import MONITOR_FILE
 from ddp_engine.run_dir import (
@@ -99,11 +105,16 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
         changes.update(nproc=nproc, gpus=None)
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks must not grab a GPU
         env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
+    # A node other than 0 keeps its own ranks' logs and files apart from node 0's run folder
+    # (the same folder, on a shared file system): in a node-K sub-folder, or a run folder
+    # named for the node.
+    node = f"node-{cfg.node_rank}" if cfg.node_rank else ""
     if create_run_dir:
         field, where = ("run_dir", cfg.run_dir) if cfg.run_dir else ("runs_dir", cfg.runs_dir)
         try:
-            run_dir = prepare_run_dir(Path(cfg.run_dir).resolve() if cfg.run_dir else
-                                      new_run_dir(cfg.runs_dir, cfg.default_name()).resolve())
+            run_dir = prepare_run_dir(
+                Path(cfg.run_dir, node).resolve() if cfg.run_dir else new_run_dir(
+                    cfg.runs_dir, cfg.default_name() + (f"-{node}" if node else "")).resolve())
             probe = run_dir / ".rankscope-write-test"
             probe.write_bytes(b"")  # a read-only or full file system fails here, not in a rank
             probe.unlink()
@@ -111,13 +122,21 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
             raise ConfigError(f"{field}: cannot write the run folder under {where!r}: "
                               f"{e.strerror or e}") from None
     elif cfg.run_dir:
-        run_dir = Path(cfg.run_dir).resolve()
+        run_dir = Path(cfg.run_dir, node).resolve()
     else:
-        run_dir = Path(cfg.runs_dir).resolve() / f"{cfg.default_name()}-<timestamp>"
+        run_dir = Path(cfg.runs_dir).resolve() / (
+            f"{cfg.default_name()}-{node + '-' if node else ''}<timestamp>")
     changes["run_dir"] = str(run_dir)
     changes["resume"] = str(Path(cfg.resume).resolve()) if cfg.resume else None
     resolved = dataclasses.replace(cfg, **changes)
-    args = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(resolved.nproc),
+    if cfg.multi_node:
+        assert cfg.rdzv_endpoint is not None  # validated
+        env[NODE_RANK_ENV] = str(cfg.node_rank)
+        nodes = ["--nnodes", str(cfg.nnodes), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", cfg.rdzv_endpoint, "--rdzv-id", cfg.rendezvous_id()]
+    else:
+        nodes = ["--standalone", "--nnodes", "1"]
+    args = [*nodes, "--nproc-per-node", str(resolved.nproc),
             "--log-dir", str(run_dir / "logs"), "--redirects", "3",
             "--monitor-interval", "0.2", "--shutdown-timeout", str(cfg.shutdown_timeout_s),
             "-m", "ddp_engine.worker", "--config", str(run_dir / CONFIG_FILE)]
@@ -161,7 +180,8 @@ class RunMonitor(threading.Thread):
     remembers every process of the run for the final sweep."""
 
     def __init__(self, run_dir: Path, status: StatusFile, out: TextIO, world_size: int = 1,
-                 interval_s: float = 0.25, process_scan_s: float = 2.0) -> None:
+                 interval_s: float = 0.25, process_scan_s: float = 2.0, node_rank: int = 0,
+                 beat_print_s: float = 10.0) -> None:
         super().__init__(name="rankscope-run-monitor", daemon=True)
         self.run_dir = run_dir
         self.status = status
@@ -182,6 +202,11 @@ class RunMonitor(threading.Thread):
         """While the run is stalled: which rank it waits for, from the heartbeats, as first
         diagnosed (later looks see the consequences: a rank that timed out and exited)."""
         self._stall_printed = 0.0
+        self.node_rank = node_rank
+        """Above 0: global rank 0, with metrics.jsonl, is on another node; this node's
+        progress comes from its ranks' heartbeats, printed every ``beat_print_s``."""
+        self.beat_print_s = beat_print_s
+        self._beat_printed = 0.0
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
@@ -197,7 +222,10 @@ class RunMonitor(threading.Thread):
         new = self.tail.poll()
         for msg in new:
             self._handle(msg)
-        self._check_stall()
+        if self.node_rank:
+            self._beats()
+        else:
+            self._check_stall()
         ranks = read_rank_files(self.run_dir)
         pids = {str(r): d.get("pid") for r, d in sorted(ranks.items())}
         if pids:
@@ -206,6 +234,21 @@ class RunMonitor(threading.Thread):
                 d.get("state") == "running" for d in ranks.values()):
             self.status.update(state="running")
         return bool(new)
+
+    def _beats(self) -> None:
+        """Progress of a node other than 0: its ranks' steps, from their heartbeats."""
+        beats = read_heartbeats(self.run_dir)
+        steps = [b["step"] for b in beats.values() if isinstance(b.get("step"), int)]
+        if not steps:
+            return
+        self.last_step = min(steps)
+        self.status.update(step=self.last_step)
+        now = time.monotonic()
+        if now - self._beat_printed >= self.beat_print_s:
+            self._beat_printed = now
+            self._print(f"node {self.node_rank}: ranks {', '.join(map(str, sorted(beats)))} at "
+                        f"step {self.last_step} (node 0 has the metrics, checkpoints and "
+                        "telemetry)")
 
     def _check_stall(self, print_every_s: float = 30.0) -> None:
         """The app's hang hint, for a terminal user: printed when reports stop coming (5
@@ -338,9 +381,10 @@ def sweep(procs: list[psutil.Process], grace_s: float = SWEEP_GRACE_S) -> list[i
 
 def _failure_reason(failures: dict[int, Any], root: int) -> tuple[str, dict[str, Any]]:
     """A one-line reason naming each failed rank (the root cause first), and per-rank exit
-    details."""
+    details. Ranks as the run numbers them (see :func:`_our_rank`)."""
     parts = []
     details: dict[str, Any] = {}
+    texts = set()
     for rank, f in sorted(failures.items(), key=lambda kv: (kv[0] != root, kv[0])):
         exitcode = int(f.exitcode)
         entry: dict[str, Any] = {"exit_code": exitcode, "pid": f.pid}
@@ -354,9 +398,20 @@ def _failure_reason(failures: dict[int, Any], root: int) -> tuple[str, dict[str,
             message = str(raw or "").strip().splitlines()
             text = message[0] if message else f"exit code {exitcode}"
             entry["error"] = text
+            texts.add(text)
             parts.append(f"rank {rank} failed: {text}")
         details[str(rank)] = entry
+    if len(failures) > 1 and len(texts) == 1 and len(parts) == len(failures) and all(
+            "error" in d for d in details.values()):  # every rank says the same: once
+        return f"ranks {', '.join(sorted(details, key=int))} failed: {texts.pop()}", details
     return "; ".join(parts), details
+
+
+def _our_rank(torchrun_rank: int, cfg: RunConfig) -> int:
+    """A rank of this node as the run numbers it (node_rank * nproc + local rank) from
+    torchrun's number for it (the rendezvous's node order, which may differ)."""
+    nproc = cfg.nproc or 1
+    return cfg.node_rank * nproc + torchrun_rank % nproc if cfg.multi_node else torchrun_rank
 
 
 def _rank_error(run_dir: Path) -> str | None:
@@ -435,7 +490,8 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
                         command=plan.command())
     print(f"[rankscope] run folder {run_dir}", file=out, flush=True)
     print(f"[rankscope] {plan.command()}", file=out, flush=True)
-    monitor = RunMonitor(run_dir, status, out, world_size=plan.cfg.nproc or 1)
+    monitor = RunMonitor(run_dir, status, out, world_size=plan.cfg.nproc or 1,
+                         node_rank=plan.cfg.node_rank)
     signals.monitor = monitor
     monitor.start()
 
@@ -458,7 +514,9 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         code = EXIT_OK
     except ChildFailedError as e:
         root, _ = e.get_first_failure()  # the earliest failure: the likely root cause
-        reason, details = _failure_reason(e.failures, root)
+        root = _our_rank(root, plan.cfg)
+        reason, details = _failure_reason(
+            {_our_rank(r, plan.cfg): f for r, f in e.failures.items()}, root)
         final = {"state": "failed", "reason": reason, "ranks": details, "root_rank": root}
     except SignalException as e:
         final = {"state": "stopped", "stop_signal": e.sigval.name}
@@ -475,7 +533,8 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     signals_seen = signals.seen
 
     ranks = read_rank_files(run_dir)
-    world = plan.cfg.nproc or len(ranks)
+    world = plan.cfg.nproc or len(ranks)  # this node's ranks
+    mine = range(plan.cfg.node_rank * world, (plan.cfg.node_rank + 1) * world)
     states = {r: d.get("state") for r, d in ranks.items()}
     step = max([d["step"] for d in ranks.values() if isinstance(d.get("step"), int)]
                + [monitor.last_step])
@@ -483,7 +542,9 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     if final.get("state") in ("completed", "stopped"):
         signalled = final.get("state") == "stopped"
         if all_ranks and all(s == "stopped" for s in states.values()):
-            why = monitor.stop_reason or f"signal {final.get('stop_signal')}"
+            why = (monitor.stop_reason or next((d["reason"] for d in ranks.values()
+                                                if d.get("reason")), None)
+                   or f"signal {final.get('stop_signal')}")
             final = {"state": "stopped", "reason": f"stop requested ({why}); all ranks stopped "
                      f"at step {step}", **({"stop_signal": final["stop_signal"]}
                                            if signalled else {})}
@@ -500,7 +561,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
                                "rank started training"}
             code = EXIT_OK
         elif signalled:
-            unclean = sorted(set(range(world)) - {r for r, s in states.items() if s == "stopped"})
+            unclean = sorted(set(mine) - {r for r, s in states.items() if s == "stopped"})
             final.update(forced=True, reason=f"forced stop ({', '.join(signals_seen)}): ranks "
                          f"{unclean} were killed before they stopped cleanly")
             code = EXIT_FORCED
@@ -510,6 +571,14 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
             code = EXIT_FAILED
     elif final.get("state") == "failed" and "rank" not in final.get("reason", "rank"):
         final["reason"] = _rank_error(run_dir) or final["reason"]
+    errors = {str(d.get("error")) for d in ranks.values()}
+    if final.get("state") == "failed" and len(errors) == 1 and all(
+            d.get("state") == "failed" for d in ranks.values()):
+        (error,) = errors
+        if error.startswith("RunFailed: "):
+            # Every rank stopped cleanly and says why the run failed (a node's launcher
+            # died): that, not how torchrun saw its ranks exit.
+            final["reason"] = error.removeprefix("RunFailed: ")
     if final.get("state") == "failed" and monitor.hang_hint:
         final["reason"] += f"; before it failed, the run was stalled: {monitor.hang_hint}"
     if leftover:

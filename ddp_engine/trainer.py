@@ -24,7 +24,7 @@ from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.data import DataBundle, build_datasets, make_loader
 from ddp_engine.device_sampler import KEYS as DEVICE_KEYS
 from ddp_engine.device_sampler import DeviceSampler
-from ddp_engine.distributed import DistContext, StopFlag, all_gather_rows
+from ddp_engine.distributed import DistContext, StopFlag, all_gather_rows, rank_places
 from ddp_engine.heartbeat import Heartbeat
 from ddp_engine.losses import build_loss
 from ddp_engine.models import build_model
@@ -72,6 +72,7 @@ class Trainer:
         self._sync_debug = (os.environ.get("RANKSCOPE_SYNC_DEBUG") == "1"
                             and ctx.device.type == "cuda")
 
+        self.places = rank_places(ctx.info, ctx.side_group)  # host, node, local rank per rank
         self.data: DataBundle = self._build_data()
         torch.manual_seed(cfg.seed)  # same initial weights everywhere (DDP broadcasts rank 0's)
         model = build_model(cfg, self.data.info).to(self.device)
@@ -170,7 +171,9 @@ class Trainer:
         cfg = self.cfg
         self._emit_event("run_start", total_steps=self.total_steps, world_size=self.world,
                          steps_per_epoch=self.steps_per_epoch, backend=self.ctx.backend,
-                         start_step=self.pos.step)
+                         start_step=self.pos.step,
+                         nnodes=len({p.get("node") for p in self.places}),
+                         hosts=sorted({str(p.get("host")) for p in self.places}))
         outcome = "completed"
         interval = _Interval(self.device)
         while self.pos.step < self.total_steps:
@@ -335,6 +338,7 @@ class Trainer:
                 if (k.endswith("_bytes") or k == "sync_buckets") and entry[k] is not None:
                     entry[k] = round(entry[k])
             entry["device"] = f"cuda:{int(got['local_rank'])}" if got["on_cuda"] else "cpu"
+            entry.update(self.places[r])  # host, node, local_rank
             ranks.append(entry)
         self.telemetry.publish({"type": "metrics", "step": self.pos.step, "epoch": self.pos.epoch,
                            "total_steps": self.total_steps, "ranks": ranks})

@@ -35,6 +35,10 @@ from ddp_engine.telemetry import Telemetry
 log = logging.getLogger("ddp_engine.worker")
 
 
+class RunFailed(RuntimeError):
+    """The run stopped cleanly on every rank, but because it failed (a launcher died)."""
+
+
 def resolve_run_dir(cfg: RunConfig, ctx: DistContext) -> Path:
     """The run folder: ``cfg.run_dir``, or one that rank 0 creates and broadcasts."""
     if cfg.run_dir:
@@ -71,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir: Path | None = None
     telemetry: Telemetry | None = None
     heartbeat: Heartbeat | None = None
+    step: dict[str, int] = {}  # where training got to, once it started
     try:
         stop.attach(ctx.side_group)
         run_dir = resolve_run_dir(cfg, ctx)
@@ -90,13 +95,21 @@ def main(argv: list[str] | None = None) -> int:
 
         trainer = Trainer(cfg, ctx, run_dir, stop, telemetry, heartbeat)
         outcome = trainer.run()
-        write_rank_state(run_dir, ctx, outcome, step=trainer.pos.step, epoch=trainer.pos.epoch)
+        step = {"step": trainer.pos.step, "epoch": trainer.pos.epoch}
+        if stop.failure:
+            # Together, after rank 0's checkpoint: the first rank to exit with an error makes
+            # torchrun end the others on its node.
+            dist.barrier(group=ctx.side_group)
+            raise RunFailed(f"{stop.failure}; every rank stopped after step {trainer.pos.step}")
+        write_rank_state(run_dir, ctx, outcome, **step,
+                         **({"reason": stop.reason} if outcome == "stopped" else {}))
         log.info("%s at step %d", outcome, trainer.pos.step)
     except BaseException as e:
         # Best effort: on a full disk these writes fail too, and must not hide ``e``.
         with contextlib.suppress(OSError):
             if run_dir is not None:
-                write_rank_state(run_dir, ctx, "failed", error=f"{type(e).__name__}: {e}",
+                write_rank_state(run_dir, ctx, "failed", **step,
+                                 error=f"{type(e).__name__}: {e}",
                                  traceback=traceback.format_exc()[-4000:])
             if telemetry is not None:
                 telemetry.publish({"type": "event", "kind": "failed", "rank": ctx.info.rank,

@@ -55,6 +55,34 @@ def endless_run(tmp_path: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[
         proc.kill()
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def two_nodes(tmp_path: Path, *extra: str,
+              steps: int = 1_000_000) -> Iterator[tuple[list[subprocess.Popen[bytes]], Path]]:
+    """Two launchers on 127.0.0.1 as node 0 and node 1 of one run (2 CPU ranks each: world
+    size 4), meeting at a free port by torchrun's c10d rendezvous, with their output in
+    tmp_path/node-K.log. Node 0's run folder is tmp_path/run, node 1's its node-1 sub-folder.
+    Both launchers are killed on the way out."""
+    run_dir = tmp_path / "run"
+    common = ("launch", "--nproc", "2", "--max-steps", str(steps), "--nnodes", "2",
+              "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--run-dir", str(run_dir), *extra)
+    procs = [start_engine(*common, "--node-rank", str(k), log=tmp_path / f"node-{k}.log")
+             for k in (0, 1)]
+    try:
+        yield procs, run_dir
+    finally:
+        for p in procs:
+            p.kill()
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, what: str,
              interval: float = 0.1) -> object:
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""

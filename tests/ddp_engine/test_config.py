@@ -18,6 +18,7 @@ from ddp_engine.config import (
     check_environment,
     config_from_namespace,
     load_config_file,
+    split_endpoint,
 )
 from tests.conftest import REPO
 
@@ -51,10 +52,30 @@ from tests.conftest import REPO
     ({"batch_size": True}, r"batch_size must be an integer, got True"),
     ({"lr": "fast"}, r"lr must be a number, got 'fast'"),
     ({"max_steps": 2.5}, r"max_steps must be an integer or unset, got 2.5"),
+    ({"nnodes": 0}, r"nnodes must be >= 1, got 0"),
+    ({"nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"},
+     r"node_rank must be between 0 and nnodes - 1 \(1\), got 2"),
+    ({"node_rank": -1}, r"node_rank must be between 0 and nnodes - 1 \(0\), got -1"),
+    ({"nnodes": 2}, r"rdzv_endpoint: nnodes is 2, so every node needs the rendezvous address, "
+                    r"HOST:PORT"),
+    ({"nnodes": 2, "rdzv_endpoint": "node0"}, r"rdzv_endpoint must be HOST:PORT with a port "
+                                              r"1-65535 .*, got 'node0'"),
+    ({"rdzv_endpoint": "node0:70000"}, r"rdzv_endpoint must be HOST:PORT .*got 'node0:70000'"),
+    ({"rdzv_endpoint": ":29400"}, r"rdzv_endpoint must be HOST:PORT .*got ':29400'"),
+    ({"rdzv_id": "my run"}, r"rdzv_id: 'my run' is not allowed"),
 ])
 def test_bad_values_name_field_value_and_what_is_allowed(changes: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         RunConfig(**changes)
+
+
+def test_a_multi_node_config_and_its_rendezvous() -> None:
+    cfg = RunConfig(nnodes=2, node_rank=1, rdzv_endpoint="[fe80::1]:29400", name="big")
+    assert cfg.multi_node and split_endpoint("x", cfg.rdzv_endpoint) == ("fe80::1", 29400)
+    assert cfg.rendezvous_id() == "rankscope-big"  # every node derives the same id
+    assert RunConfig(rdzv_id="job-7").rendezvous_id() == "job-7"
+    assert split_endpoint("x", "10.0.0.1:29400") == ("10.0.0.1", 29400)
+    assert not RunConfig().multi_node
 
 
 def test_defaults_are_valid_and_ints_promote_to_float() -> None:

@@ -13,13 +13,16 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddp_engine.distributed import STOP_CHECK_S, StopFlag
+from ddp_engine.config import NODE_RANK_ENV
+from ddp_engine.distributed import LOST_LAUNCHER, STOP_CHECK_S, DistInfo, StopFlag
 
 
-def _rank(rank: int, port: int, slow_s: float, out: str) -> None:
+def _rank(rank: int, port: int, slow_s: float, out: str, lost: bool = False) -> None:
     """Rank ``rank`` of 2: steps of ``slow_s`` on rank 1 (none on rank 0); rank 0 asks to stop
-    before its step 8. Writes the steps it checked at and the one it stopped after."""
+    before its step 8 (``lost``: rank 1 does, as when node 1's launcher dies). Writes the
+    steps it checked at, the one it stopped after, and the reason and failure it got."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ[NODE_RANK_ENV] = str(rank)  # as if each rank were a node of its own
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         flag = StopFlag(5, dist.group.WORLD)
@@ -28,8 +31,10 @@ def _rank(rank: int, port: int, slow_s: float, out: str) -> None:
         for step in range(1, 40):
             if rank == 1:
                 time.sleep(slow_s)  # the step's work
-            if rank == 0 and step == 8:
+            if rank == 0 and step == 8 and not lost:
                 flag.request("test")
+            if rank == 1 and step == 8 and lost:
+                flag.request("orphaned", LOST_LAUNCHER + 1)
             before = flag.checks
             if flag.agreed(step):
                 stopped = step
@@ -37,32 +42,33 @@ def _rank(rank: int, port: int, slow_s: float, out: str) -> None:
                 checks.append(step)
             if stopped is not None:
                 break
-        Path(out, f"rank{rank}.json").write_text(json.dumps({"checks": checks,
-                                                             "stopped": stopped}))
+        Path(out, f"rank{rank}.json").write_text(json.dumps({
+            "checks": checks, "stopped": stopped, "reason": flag.reason,
+            "failure": flag.failure}))
     finally:
         dist.destroy_process_group()
 
 
-def _run(tmp_path: Path, slow_s: float) -> list[dict]:
+def _run(tmp_path: Path, slow_s: float, lost: bool = False) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_rank, args=(port, slow_s, str(tmp_path)), nprocs=2, join=True,
+    mp.start_processes(_rank, args=(port, slow_s, str(tmp_path), lost), nprocs=2, join=True,
                        start_method="spawn")
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def test_fast_steps_are_checked_every_n_steps(tmp_path: Path) -> None:
     ranks = _run(tmp_path, slow_s=0.0)
-    assert ranks[0] == ranks[1]  # the same check steps, the same stop step
-    assert ranks[0] == {"checks": [5, 10], "stopped": 10}
+    assert ranks[0] == ranks[1]  # the same check steps, the same stop step, the same reason
+    assert ranks[0] == {"checks": [5, 10], "stopped": 10, "reason": "test", "failure": None}
 
 
 def test_slow_steps_on_one_rank_are_checked_every_step_on_all(tmp_path: Path) -> None:
     ranks = _run(tmp_path, slow_s=0.3)
     assert ranks[0] == ranks[1]
     # from the first check on, the slowest rank's 0.3 s per step sets the pace: every step
-    assert ranks[0] == {"checks": [5, 6, 7, 8], "stopped": 8}
+    assert ranks[0] == {"checks": [5, 6, 7, 8], "stopped": 8, "reason": "test", "failure": None}
 
 
 @pytest.mark.parametrize(("per_step_s", "steps"), [(0.0, 5), (0.01, 5), (STOP_CHECK_S / 3.5, 3),
@@ -70,3 +76,30 @@ def test_slow_steps_on_one_rank_are_checked_every_step_on_all(tmp_path: Path) ->
 def test_the_check_interval_is_at_most_every_and_about_stop_check_s(per_step_s: float,
                                                                     steps: int) -> None:
     assert StopFlag(5).interval(per_step_s) == steps
+
+
+def test_a_lost_launcher_stops_every_rank_as_a_failure_naming_its_node(tmp_path: Path) -> None:
+    ranks = _run(tmp_path, 0.0, lost=True)
+    assert ranks[0]["stopped"] == ranks[1]["stopped"] == 10
+    assert [r["failure"] for r in ranks] == ["the launcher of node 1 died"] * 2
+    assert [r["reason"] for r in ranks] == ["the launcher of node 1 died"] * 2
+
+
+def test_ranks_are_numbered_by_node_rank_not_by_the_rendezvous(monkeypatch) -> None:
+    # torchrun's rendezvous put this node second (its ranks 2, 3); the user made it node 0.
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv(NODE_RANK_ENV, "0")
+    info = DistInfo.from_env()
+    assert (info.rank, info.local_rank, info.node_rank, info.world_size) == (1, 1, 0, 4)
+    assert os.environ["RANK"] == "1"
+    monkeypatch.setenv(NODE_RANK_ENV, "2")  # a third node in a run of two
+    with pytest.raises(RuntimeError, match=f"{NODE_RANK_ENV}=2 does not fit this run: 4 ranks, "
+                                           "2 on this node"):
+        DistInfo.from_env()
+    monkeypatch.delenv(NODE_RANK_ENV)
+    monkeypatch.setenv("RANK", "3")
+    assert DistInfo.from_env().rank == 3  # one node, or torchrun alone: torchrun's numbers

@@ -33,6 +33,20 @@ def test_dry_run_prints_the_torchrun_command_and_starts_nothing(tmp_path: Path) 
     assert not (tmp_path / "runs").exists()
 
 
+def test_dry_run_of_node_1_meets_node_0_by_c10d_and_keeps_its_own_folder(
+        tmp_path: Path) -> None:
+    proc = run_engine("launch", "--nproc", "2", "--nnodes", "2", "--node-rank", "1",
+                      "--rdzv-endpoint", "node0.example.org:29400", "--run-dir",
+                      str(tmp_path / "run"), "--dry-run", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.split("\n", 1)[0]
+    assert "RANKSCOPE_NODE_RANK=1 torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint " \
+        "node0.example.org:29400 --rdzv-id rankscope-mlp-synthetic --nproc-per-node 2" in first
+    assert "--standalone" not in first
+    assert f"--config {tmp_path / 'run' / 'node-1' / 'config.json'}" in first
+    assert not (tmp_path / "run").exists()
+
+
 def _touch(path: Path, text: str = "x") -> str:
     path.write_text(text)
     return str(path)
@@ -54,6 +68,9 @@ def _touch(path: Path, text: str = "x") -> str:
     (["--resume", "{tmp}/missing.pt"], "resume: checkpoint '{tmp}/missing.pt' does not exist"),
     (["--resume", "{junk}"], "is not a Rankscope checkpoint"),
     (["--run-dir", "{junk}"], "run_dir: '{junk}' is a file, not a folder"),
+    (["--nnodes", "2"], "rdzv_endpoint: nnodes is 2, so every node needs the rendezvous"),
+    (["--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "h:1"],
+     "node_rank must be between 0 and nnodes - 1 (1), got 5"),
     (["--config", "{badtoml}"], "does not parse as TOML"),
     (["--config", "{tmp}/none.toml"], "config: file '{tmp}/none.toml' does not exist"),
 ])

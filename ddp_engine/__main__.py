@@ -1,4 +1,4 @@
-"""Command line: ``python -m ddp_engine launch | sweep | runs | stop | status``."""
+"""Command line: ``python -m ddp_engine launch | sweep | runs | stop | status | cluster``."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from pathlib import Path
 
 import psutil
 
+from ddp_engine.child_env import REPO_ROOT
+from ddp_engine.cluster import DEFAULT_RDZV_PORT, node_script, slurm_script
 from ddp_engine.config import (
     ConfigError,
     RunConfig,
     add_config_arguments,
     config_from_namespace,
 )
-from ddp_engine.protocol import Connection, ProtocolError
+from ddp_engine.protocol import Connection, ProtocolError, read_monitor_file
 from ddp_engine.run_dir import FINAL_STATES, read_status
 from ddp_engine.runs import RunIndex, fmt_duration, owner_process, process_if_alive
 from ddp_engine.sweep import DEFAULT_STEPS, parse_counts, run_sweep
@@ -53,6 +55,17 @@ def _parser() -> argparse.ArgumentParser:
     stop.add_argument("run_dir", metavar="RUN_DIR")
     stop.add_argument("--timeout", type=float, default=120.0, metavar="S",
                       help="seconds to wait for the run to end (default: 120)")
+    cluster = sub.add_parser("cluster", help="print the torchrun command for each node of a "
+                             "multi-node run, or a SLURM batch script",
+                             description="Scripts that start this config on a cluster with "
+                             "plain torchrun: one per node (--nnodes N --rdzv-endpoint "
+                             "HOST:PORT), or an sbatch script (--slurm: the nodes and the "
+                             "endpoint come from the allocation). Takes every launch flag.")
+    add_config_arguments(cluster)
+    cluster.add_argument("--slurm", action="store_true", help="an sbatch script instead")
+    cluster.add_argument("--slurm-port", type=int, default=DEFAULT_RDZV_PORT, metavar="PORT",
+                         help=f"rendezvous port on the first node (default: "
+                         f"{DEFAULT_RDZV_PORT})")
     status = sub.add_parser("status", help="state, step and last metrics of a run")
     status.add_argument("run_dir", metavar="RUN_DIR")
     status.add_argument("--json", action="store_true", help="print status.json as it is")
@@ -119,6 +132,34 @@ def cmd_status(ns: argparse.Namespace) -> int:
         print(f"  rank {r['rank']}: loss {r.get('loss')}  samples/s {r.get('samples_per_s')}")
     if data.get("checkpoint"):
         print(f"checkpoint: {data['checkpoint']}")
+    if data.get("state") not in FINAL_STATES:
+        with contextlib.suppress(ProtocolError):
+            live = read_monitor_file(ns.run_dir)
+            host = data.get("hostname") or "THIS-HOST"
+            print(f"telemetry: {live['host']}:{live['port']}  token: {live['token']}\n"
+                  f"  from another machine: ssh -N -L {live['port']}:127.0.0.1:{live['port']} "
+                  f"{host}, then in the app: Attach to remote rank 0, 127.0.0.1, "
+                  f"{live['port']}, the token")
+    return 0
+
+
+def cmd_cluster(ns: argparse.Namespace) -> int:
+    """Print each node's torchrun command (with the config it reads) or a SLURM script."""
+    if ns.slurm and getattr(ns, "nnodes", 1) > 1 and not getattr(ns, "rdzv_endpoint", None):
+        ns.rdzv_endpoint = f"slurm-first-node:{ns.slurm_port}"  # the script finds the node
+    cfg = _config(ns)
+    if cfg is None:
+        return 2
+    if ns.slurm:
+        print(slurm_script(cfg, str(REPO_ROOT), port=ns.slurm_port), end="")
+        return 0
+    if not cfg.multi_node:
+        print("error: nnodes: give --nnodes N (2 or more) and --rdzv-endpoint HOST:PORT for "
+              "per-node commands, or --slurm for a batch script", file=sys.stderr)
+        return 2
+    for k in range(cfg.nnodes):
+        print(f"# ---- node {k}: save as node-{k}.sh and run it there", flush=False)
+        print(node_script(cfg, k, str(REPO_ROOT)))
     return 0
 
 
@@ -216,7 +257,7 @@ def _signal_launcher(data: dict, run_dir: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     commands = {"launch": cmd_launch, "sweep": cmd_sweep, "runs": cmd_runs, "stop": cmd_stop,
-                "status": cmd_status}
+                "status": cmd_status, "cluster": cmd_cluster}
     return commands[ns.command](ns)
 
 

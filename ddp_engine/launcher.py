@@ -32,6 +32,7 @@ from typing import Any, TextIO
 import psutil
 
 from ddp_engine import devices
+from ddp_engine.cluster import rendezvous_args
 from ddp_engine.config import (
     NODE_RANK_ENV,
     ConfigError,
@@ -130,12 +131,8 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
     changes["resume"] = str(Path(cfg.resume).resolve()) if cfg.resume else None
     resolved = dataclasses.replace(cfg, **changes)
     if cfg.multi_node:
-        assert cfg.rdzv_endpoint is not None  # validated
         env[NODE_RANK_ENV] = str(cfg.node_rank)
-        nodes = ["--nnodes", str(cfg.nnodes), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", cfg.rdzv_endpoint, "--rdzv-id", cfg.rendezvous_id()]
-    else:
-        nodes = ["--standalone", "--nnodes", "1"]
+    nodes = rendezvous_args(cfg)
     args = [*nodes, "--nproc-per-node", str(resolved.nproc),
             "--log-dir", str(run_dir / "logs"), "--redirects", "3",
             "--monitor-interval", "0.2", "--shutdown-timeout", str(cfg.shutdown_timeout_s),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,24 @@ def test_dry_run_of_node_1_meets_node_0_by_c10d_and_keeps_its_own_folder(
     assert "--standalone" not in first
     assert f"--config {tmp_path / 'run' / 'node-1' / 'config.json'}" in first
     assert not (tmp_path / "run").exists()
+
+
+def test_cluster_prints_each_nodes_script_or_a_slurm_script() -> None:
+    nodes = run_engine("cluster", "--nnodes", "2", "--rdzv-endpoint", "node0:29400", "--nproc",
+                       "2", "--device", "cpu", "--max-steps", "50", timeout=60)
+    assert nodes.returncode == 0, nodes.stderr
+    assert nodes.stdout.count("#!/bin/bash") == 2
+    for k in (0, 1):
+        assert f"RANKSCOPE_NODE_RANK={k} CUDA_VISIBLE_DEVICES=\"\" torchrun --nnodes 2 " \
+            "--rdzv-backend c10d --rdzv-endpoint node0:29400" in nodes.stdout
+    assert '"max_steps": 50' in nodes.stdout
+    slurm = run_engine("cluster", "--slurm", "--nnodes", "4", "--nproc", "8", "--device",
+                       "cuda", timeout=60)  # no GPU here: the script is for the cluster
+    assert slurm.returncode == 0, slurm.stderr
+    assert "#SBATCH --nodes=4" in slurm.stdout and "#SBATCH --gpus-per-node=8" in slurm.stdout
+    assert "--rdzv-endpoint $head:29400" in slurm.stdout
+    alone = run_engine("cluster", "--nproc", "2", timeout=60)
+    assert alone.returncode == 2 and "nnodes: give --nnodes N" in alone.stderr
 
 
 def _touch(path: Path, text: str = "x") -> str:
@@ -107,6 +126,9 @@ def test_status_and_stop_commands(tmp_path: Path) -> None:
         shown = run_engine("status", str(run_dir), timeout=30)
         assert shown.returncode == 0
         assert "state: running" in shown.stdout and "rank 1: loss" in shown.stdout
+        live = json.loads((run_dir / "monitor.json").read_text())
+        assert f"telemetry: 127.0.0.1:{live['port']}  token: {live['token']}" in shown.stdout
+        assert f"ssh -N -L {live['port']}:127.0.0.1:{live['port']}" in shown.stdout
         stopped = run_engine("stop", str(run_dir), timeout=120)
         assert stopped.returncode == 0, stopped.stderr
         assert stopped.stdout.startswith("stopped at step")

@@ -9,6 +9,7 @@ from typing import Any
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QComboBox,
+    QDialog,
     QFileDialog,
     QFormLayout,
     QGroupBox,
@@ -141,12 +142,18 @@ class LaunchPanel(QWidget):
         self.resume.setToolTip("continue from this checkpoint (a run's checkpoints/last.pt); "
                                "Resume... in the Runs panel fills it in")
         self.devices = DevicePicker(gpus)
+        self.nnodes = self._spin("nnodes", 1, 4096, 1, "machines in the run; this one is node 0")
+        self.rdzv_endpoint = QLineEdit()
+        self.rdzv_endpoint.setPlaceholderText("HOST:PORT of this machine, e.g. node0:29400")
+        self.rdzv_endpoint.setToolTip("torchrun's c10d rendezvous: this machine's address, "
+                                      "reachable from every node, and a free port")
         for key, widget in (("model", self.model), ("dataset", self.dataset),
                             ("loss", self.loss), ("lr", self.lr), ("optimizer", self.optimizer),
                             ("precision", self.precision), ("name", self.name),
                             ("runs_dir", self.runs_dir), ("resume", self.resume),
                             ("nproc", self.devices.count),
-                            ("gpus", self.devices.table), ("device", self.devices)):
+                            ("gpus", self.devices.table), ("device", self.devices),
+                            ("rdzv_endpoint", self.rdzv_endpoint)):
             widget.setObjectName(key)
             self.fields[key] = widget
 
@@ -171,6 +178,19 @@ class LaunchPanel(QWidget):
         devices = QGroupBox("Devices")
         dl = QVBoxLayout(devices)
         dl.addWidget(self.devices)
+        nodes = QGroupBox("Nodes")
+        nodes_form = QFormLayout(nodes)
+        nodes_form.addRow("Nodes", self.nnodes)
+        nodes_form.addRow("Rendezvous", self.rdzv_endpoint)
+        self.nodes_hint = QLabel("Start sends this machine in as node 0 (global rank 0: the "
+                                 "charts and Stop are here); start the others with the "
+                                 "scripts of Cluster scripts...")
+        self.nodes_hint.setWordWrap(True)
+        nodes_form.addRow(self.nodes_hint)
+        self.cluster_scripts = QPushButton("Cluster scripts...")
+        self.cluster_scripts.setToolTip("each node's torchrun command, or a SLURM batch script, "
+                                        "for this config")
+        nodes_form.addRow(self.cluster_scripts)
         self.error = QLabel("")
         self.error.setObjectName("error")
         self.error.setWordWrap(True)
@@ -183,15 +203,17 @@ class LaunchPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(training)
         layout.addWidget(devices)
+        layout.addWidget(nodes)
         layout.addWidget(self.error)
         layout.addLayout(buttons)
         layout.addStretch(1)
         self.save_preset.clicked.connect(self._save_preset_dialog)
         self.load_preset.clicked.connect(self._load_preset_dialog)
+        self.cluster_scripts.clicked.connect(self.open_cluster_dialog)
 
         for w in (self.model, self.dataset, self.loss, self.devices):
             w.changed.connect(self.validate)
-        for line in (self.lr, self.name, self.runs_dir, self.resume):
+        for line in (self.lr, self.name, self.runs_dir, self.resume, self.rdzv_endpoint):
             line.textChanged.connect(self.validate)
         for combo in (self.optimizer, self.precision):
             combo.currentTextChanged.connect(self.validate)
@@ -226,7 +248,8 @@ class LaunchPanel(QWidget):
             "precision": self.precision.currentText(), "grad_accum": self.grad_accum.value(),
             "checkpoint_every": self.checkpoint_every.value(), "seed": self.seed.value(),
             "name": self.name.text().strip() or None, "runs_dir": self.runs_dir.text().strip(),
-            "resume": self.resume.text().strip() or None,
+            "resume": self.resume.text().strip() or None, "nnodes": self.nnodes.value(),
+            "rdzv_endpoint": self.rdzv_endpoint.text().strip() or None,
         }
         out.update(self.devices.config_values())
         return out
@@ -248,7 +271,11 @@ class LaunchPanel(QWidget):
         self.name.setText(cfg.name or "")
         self.runs_dir.setText(cfg.runs_dir)
         self.resume.setText(cfg.resume or "")
-        shown = set(self.values()) | {"device", "nproc", "gpus", "run_dir", "dry_run"}
+        self.nnodes.setValue(cfg.nnodes)
+        self.rdzv_endpoint.setText(cfg.rdzv_endpoint or "")
+        # node_rank: a launch from here is node 0 (the other nodes start from their scripts)
+        shown = set(self.values()) | {"device", "nproc", "gpus", "run_dir", "dry_run",
+                                      "node_rank"}
         self._extra = {k: v for k, v in cfg.to_dict().items() if k not in shown}
         if self.devices.has_gpus:
             self.devices.set_gpus(cfg.gpus)
@@ -271,6 +298,7 @@ class LaunchPanel(QWidget):
 
     # ------------------------------------------------------------------------- validation
     def validate(self) -> bool:
+        self.rdzv_endpoint.setEnabled(self.nnodes.value() > 1)
         for w in self.fields.values():
             w.setStyleSheet("")
             w.setToolTip("")
@@ -295,6 +323,26 @@ class LaunchPanel(QWidget):
         if valid != self.valid:
             self.valid = valid
         self.validity_changed.emit(valid)
+
+    def open_cluster_dialog(self) -> QDialog | None:
+        """The cluster scripts of this config (shown, not run: the dialog stays open)."""
+        from app.cluster_dialog import ClusterDialog
+
+        try:
+            cfg = RunConfig.from_dict({**self.values(), **self._extra, "nnodes": 1,
+                                       "rdzv_endpoint": None}, source="form")
+        except ConfigError as e:
+            self.error.setText(f"no cluster scripts: {e}")
+            return None
+        dialog = ClusterDialog(cfg, self)
+        dialog.nodes.setValue(max(2, self.nnodes.value()))
+        if self.rdzv_endpoint.text().strip():
+            host, _, port = self.rdzv_endpoint.text().strip().rpartition(":")
+            dialog.host.setText(host)
+            if port.isdigit() and 1 <= int(port) <= 65535:
+                dialog.port.setValue(int(port))
+        dialog.show()
+        return dialog
 
     # ------------------------------------------------------------------------- presets
     def save_preset_to(self, path: str | Path) -> None:

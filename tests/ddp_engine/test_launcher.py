@@ -267,3 +267,24 @@ def test_a_stop_at_rank_0_stops_both_nodes_at_one_step(tmp_path: Path) -> None:
                                     f"stopped at step {step}"), status
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
     assert_no_process_left(run_dir)
+
+
+@pytest.mark.parametrize(("node", "sig"), [(1, signal.SIGINT), (0, signal.SIGTERM)])
+def test_a_signal_to_either_launcher_stops_both_nodes_at_one_step(tmp_path: Path, node: int,
+                                                                  sig: int) -> None:
+    """Ctrl+C on node 1, or SIGTERM (the app's escalation) on node 0: every rank stops after
+    the same step and both launchers end at once (no node left waiting at torchrun's exit
+    barrier for one that left on the signal)."""
+    with two_nodes(tmp_path, "--log-every", "5") as (procs, run_dir):
+        wait_for(lambda: len(metrics(run_dir)) >= 2, 180, "both nodes to train")
+        procs[node].send_signal(sig)
+        codes = [p.wait(timeout=90) for p in procs]
+    assert codes == [0, 0], _log(tmp_path)
+    ranks = {**read_rank_files(run_dir), **read_rank_files(run_dir / "node-1")}
+    assert {d["state"] for d in ranks.values()} == {"stopped"}
+    assert len({d["step"] for d in ranks.values()}) == 1, ranks
+    name = signal.Signals(sig).name
+    for folder in (run_dir, run_dir / "node-1"):
+        assert read_status(folder)["reason"] == (f"stop requested (signal {name}); all ranks "
+                                                 f"stopped at step {ranks[0]['step']}")
+    assert_no_process_left(run_dir)

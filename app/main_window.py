@@ -10,9 +10,13 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
     QDockWidget,
     QFileDialog,
+    QFormLayout,
     QLabel,
+    QLineEdit,
     QMainWindow,
     QMessageBox,
     QScrollArea,
@@ -28,6 +32,7 @@ from app.run_controller import RunController
 from app.runs_panel import RunsPanel
 from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.devices import GpuInfo
+from ddp_engine.protocol import check_address
 from ddp_engine.run_dir import CONFIG_FILE, read_json, read_status
 from ddp_engine.runs import RunIndex, RunSummary, walk
 from ddp_engine.sweep import is_group
@@ -39,6 +44,82 @@ if TYPE_CHECKING:
 
 SETTINGS_KEY = "last_form"
 DASHBOARD_DELAY_MS = 50
+BAD_FIELD_STYLE = "border: 1px solid #d62728;"
+REMOTE_LOGS_NOTE = ("This run's rank 0 is on another machine: its ranks' logs are there, in "
+                    "RUN_DIR/logs/ (nothing to follow here).")
+
+
+def parse_remote(host: str, port: str, token: str) -> tuple[str, int, str]:
+    """The attach dialog's text fields as (host, port, token).
+
+    Raises:
+        ValueError: naming the field, the value and what is allowed.
+    """
+    host, port, token = host.strip(), port.strip(), token.strip()
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise ValueError(f"port must be a whole number between 1 and 65535, got {port!r}") \
+            from None
+    check_address(host, port_number, token)
+    return host, port_number, token
+
+
+class RemoteAttachDialog(QDialog):
+    """Host, port and token of a rank 0 on another machine; bad input keeps it open, with the
+    reason and the field outlined."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Attach to remote rank 0")
+        self.host = QLineEdit("127.0.0.1")
+        self.host.setObjectName("remote_host")
+        self.port = QLineEdit()
+        self.port.setObjectName("remote_port")
+        self.port.setPlaceholderText("the run's --monitor-port, e.g. 29600")
+        self.token = QLineEdit()
+        self.token.setObjectName("remote_token")
+        self.token.setEchoMode(QLineEdit.EchoMode.Password)
+        self.token.setPlaceholderText('"token" of RUN_DIR/monitor.json on rank 0\'s machine')
+        self.error = QLabel("")
+        self.error.setObjectName("remote_error")
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet("color: #d62728;")
+        hint = QLabel("Forward rank 0's telemetry port first, e.g. "
+                      "<code>ssh -L 29600:127.0.0.1:29600 node0</code> for a run started "
+                      "with <code>--monitor-port 29600</code>.")
+        hint.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                   | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        self.buttons = buttons
+        form = QFormLayout(self)
+        form.addRow(hint)
+        form.addRow("Host", self.host)
+        form.addRow("Port", self.port)
+        form.addRow("Token", self.token)
+        form.addRow(self.error)
+        form.addRow(buttons)
+
+    def values(self) -> tuple[str, int, str]:
+        """(host, port, token); ValueError naming the field when one is bad."""
+        return parse_remote(self.host.text(), self.port.text(), self.token.text())
+
+    def accept(self) -> None:
+        fields = {"host": self.host, "port": self.port, "token": self.token}
+        for field in fields.values():
+            field.setStyleSheet("")
+        try:
+            self.values()
+        except ValueError as e:
+            self.error.setText(str(e))
+            bad = fields.get(str(e).split(" ", 1)[0])
+            if bad is not None:
+                bad.setStyleSheet(BAD_FIELD_STYLE)
+            return
+        self.error.setText("")
+        super().accept()
 
 
 class MainWindow(QMainWindow):
@@ -88,8 +169,15 @@ class MainWindow(QMainWindow):
         self.stop_action.setEnabled(False)
         toolbar = QToolBar("Run")
         toolbar.setObjectName("run_toolbar")
+        self.attach_action = QAction("Attach to remote rank 0...", self)
+        self.attach_action.setToolTip("Watch and stop a run whose rank 0 is on another "
+                                      "machine, through a forwarded port and its token")
+        self.attach_action.triggered.connect(self.show_attach_dialog)
+        self.attach_dialog: RemoteAttachDialog | None = None
         toolbar.addAction(self.start_action)
         toolbar.addAction(self.stop_action)
+        toolbar.addSeparator()
+        toolbar.addAction(self.attach_action)
         self.addToolBar(toolbar)
         self.state_label = QLabel("idle")
         self.state_label.setObjectName("state")
@@ -211,12 +299,60 @@ class MainWindow(QMainWindow):
         self.runs.refresh()
         return run_dir
 
-    def _viewing(self, run_dir: Path) -> None:
+    def _viewing(self, run_dir: Path | None, title: str | None = None) -> None:
+        """Show ``run_dir``'s run; None: a remote run (no folder here, ``title`` names it)."""
         self.viewing = run_dir
         self.dashboard.run_dir = run_dir
         self.logs.follow(run_dir)
-        self.setWindowTitle(f"Rankscope - {run_dir.name}")
+        self.logs.text.setPlaceholderText(REMOTE_LOGS_NOTE if run_dir is None else "")
+        self.setWindowTitle(f"Rankscope - {title or (run_dir.name if run_dir else '')}")
         self.tabs.setCurrentWidget(self.dashboard)
+
+    # ------------------------------------------------------------------------------ remote
+    def show_attach_dialog(self) -> RemoteAttachDialog:
+        """Ask for a remote rank 0's host, port and token (not modal-blocking: open())."""
+        dialog = RemoteAttachDialog(self)
+        dialog.accepted.connect(lambda: self.attach_remote(*dialog.values()))
+        self.attach_dialog = dialog
+        dialog.open()
+        return dialog
+
+    def attach_remote(self, host: str, port: int, token: str) -> bool:
+        """Watch (and make Stop work on) a run whose rank 0 is on another machine, through
+        ``host:port`` (its forwarded ``--monitor-port``) and its monitor.json's ``token``.
+        The connection is made on the client thread. A run being watched is left training.
+        False, with the reason in the status bar, for bad input or while a Stop is under way."""
+        host, token = host.strip(), token.strip()
+        try:
+            check_address(host, port, token)
+        except ValueError as e:
+            self.message_label.setText(f"not attached: {e}")
+            return False
+        if not self._leave_current():
+            return False
+        self.dashboard.reset()
+        self.controller.attach_remote(host, port, token)
+        self._viewing(None, title=f"{host}:{port}")
+        return True
+
+    def _leave_current(self) -> bool:
+        """Stop watching the active run, leaving it training. False (and why in the status
+        bar) while a Stop pressed here on a local run is under way: its escalation needs this
+        window. A remote run's stop needs nothing more from here."""
+        if not self.controller.active:
+            return True
+        left = self.controller.run_dir
+        if self.controller.stop_requested and self.controller.remote is None:
+            self.message_label.setText(f"{left.name if left else 'the run'} is stopping: "
+                                       "open another run when it has ended")
+            return False
+        remote = self.controller.remote
+        self.controller.detach()
+        self.message_label.setText(
+            f"the run of rank 0 at {remote} goes on without this window" if remote else
+            f"{left.name if left else 'the run'} keeps training in the background "
+            "(Runs panel: live)")
+        return True
 
     # ------------------------------------------------------------------------------ runs
     def open_run(self, path: Path | str) -> str:
@@ -228,18 +364,11 @@ class MainWindow(QMainWindow):
             self.scaling.show_group(path)
             self.tabs.setCurrentWidget(self.scaling)
             return "group"
-        if self.controller.active:
-            if self.controller.run_dir == path:
-                self.tabs.setCurrentWidget(self.dashboard)
-                return "live"
-            if self.controller.stop_requested:  # the escalation needs this window watching
-                self.message_label.setText(f"{self.controller.run_dir.name} is stopping: "
-                                           "open another run when it has ended")
-                return "busy"
-            left = self.controller.run_dir
-            self.controller.detach()
-            self.message_label.setText(f"{left.name if left else 'the run'} keeps training "
-                                       "in the background (Runs panel: live)")
+        if self.controller.active and self.controller.run_dir == path:
+            self.tabs.setCurrentWidget(self.dashboard)
+            return "live"
+        if not self._leave_current():
+            return "busy"
         self.dashboard.reset()
         if self.controller.attach(path):
             self._viewing(path)
@@ -344,11 +473,17 @@ class MainWindow(QMainWindow):
     def _on_finished(self, result: dict[str, Any]) -> None:
         self.last_result = result
         state = result.get("state")
-        text = f"{state} at step {result.get('step')}"
+        remote = result.get("remote")
+        if state == "disconnected":  # no final event came: the store cannot know
+            self.store.info.state = state
+        text = str(state) + (f" at step {result['step']}" if result.get("step") is not None
+                             else "")
         if result.get("reason"):
             text += f": {result['reason']}"
         leftover = result.get("leftover_pids") or []
-        text += (f" | {len(leftover)} processes of the run could not be ended: {leftover}"
+        text += (f" | rank 0 was at {remote}; the run's processes are on that machine (not "
+                 "checked from here)" if remote else
+                 f" | {len(leftover)} processes of the run could not be ended: {leftover}"
                  if leftover else " | no process of the run is left")
         held = result.get("gpu_leftovers") or []
         if held:
@@ -363,12 +498,14 @@ class MainWindow(QMainWindow):
                 for r, d in sorted((result.get("ranks") or {}).items())) or ", ".join(
                 f"rank {r}: exit code {c}" for r, c in sorted(codes.items()))
             self.logs_tail = "\n".join(result.get("log_tail") or [])
+            logs = (f"The ranks' logs are on rank 0's machine ({remote}), in RUN_DIR/logs/."
+                    if remote else
+                    f"Last lines of rank {result.get('log_rank')}'s log:\n{self.logs_tail}")
             # Window-modal but not blocking (open, not exec): timers, the Runs panel and
             # other runs' charts keep going while the message is up.
             self.failure_box = QMessageBox(
                 QMessageBox.Icon.Warning, "Run failed",
-                f"{result.get('reason', 'the run failed')}\n\n{detail}\n\nLast lines of rank "
-                f"{result.get('log_rank')}'s log:\n{self.logs_tail}",
+                f"{result.get('reason', 'the run failed')}\n\n{detail}\n\n{logs}",
                 QMessageBox.StandardButton.Ok, self)
             self.failure_box.open()
         self._update_actions()

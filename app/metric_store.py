@@ -377,8 +377,9 @@ class MetricStore:
     def stall_s(self, now: float | None = None, factor: float = 5.0,
                 minimum_s: float = 10.0) -> float | None:
         """Seconds since the last report when that is over ``factor`` typical intervals (and
-        ``minimum_s``): the run looks hung. None while it is progressing."""
+        ``minimum_s``): the run looks hung. None while it is progressing, and once it ended or
+        its remote rank 0 is out of reach ("disconnected": no news is not a hang)."""
         info = self.info
-        if info.state in ("stopped", "completed", "failed"):
+        if info.state in ("stopped", "completed", "failed", "disconnected"):
             return None
         return info.clock.stall_s(now if now is not None else time.time(), factor, minimum_s)

@@ -9,6 +9,12 @@ The controller owns the launcher child, the telemetry viewer and the stop escala
 
 When the launcher has exited, the controller reads the final status.json and checks with psutil
 that no process of the run is left.
+
+A remote run (:meth:`RunController.attach_remote`: rank 0 on another machine, its telemetry port
+forwarded with ``ssh -L``) has no launcher and no run folder here: its state follows the
+messages, Stop is the agreed stop alone (the remote launcher ends its own processes), and it has
+ended when rank 0 closes the connection, as its last completed/stopped/failed event says, or
+"disconnected" when the connection ended without one (the run may still be training).
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ from ddp_engine.run_dir import (
 from ddp_engine.runs import final_event, owner_process
 
 ACTIVE_STATES = ("starting", "running", "stopping")
+DISCONNECTED = "disconnected"
+"""The end state of a remote run whose connection ended before its final event: not known to
+have failed, only lost."""
+NO_ESCALATION = "no SIGTERM/SIGKILL from here: the remote launcher ends its own processes"
 
 
 class RunController(QObject):
@@ -55,6 +65,12 @@ class RunController(QObject):
         self.run_dir: Path | None = None
         self.launcher: LauncherProcess | None = None
         self.client: TelemetryClient | None = None
+        self.remote: str | None = None
+        """"host:port" of a remote run's rank 0 (attach_remote); None for a local run."""
+        self._remote_end: dict[str, Any] | None = None  # its last completed/stopped/failed
+        self._remote_stop_reason: str | None = None
+        self._remote_step: int | None = None
+        self._stop_when_welcomed = False
         self._stop_phase = 0
         self._signal_when_ready = False
         self._stop_started = 0.0
@@ -92,14 +108,11 @@ class RunController(QObject):
         cfg = dataclasses.replace(cfg, run_dir=str(run_dir), dry_run=False)
         config_path = run_dir / "launch.toml"
         atomic_write_text(config_path, cfg.to_toml())
-        self.run_dir = run_dir
-        self.launcher = LauncherProcess(config_path, run_dir / "launcher.log", build_env())
-        self._stop_phase = 0
-        self._signal_when_ready = False
-        self._set_state("starting")
+        self._begin(run_dir, LauncherProcess(config_path, run_dir / "launcher.log", build_env()))
+        assert self.launcher is not None
         pid = self.launcher.start()
         self.notice.emit(f"launcher started (pid {pid}), run folder {run_dir}")
-        self._watch(run_dir)
+        self._watch(TelemetryClient(run_dir))
         return run_dir
 
     def attach(self, run_dir: Path) -> bool:
@@ -113,42 +126,137 @@ class RunController(QObject):
         owner = owner_process(run_dir, status)
         if owner is None:
             return False
-        self.run_dir = run_dir
-        self.launcher = LauncherProcess.adopt(owner)
-        self._stop_phase = 0
-        self._signal_when_ready = False
-        self._set_state("starting")
+        self._begin(run_dir, LauncherProcess.adopt(owner))
         if status and status.get("state") in ("running", "stopping"):
             self._set_state(str(status["state"]))
         self.notice.emit(f"attached to {run_dir.name} (launcher pid {owner.pid})")
-        self._watch(run_dir)
+        self._watch(TelemetryClient(run_dir))
         return True
 
-    def _watch(self, run_dir: Path) -> None:
-        self.client = TelemetryClient(run_dir)
-        self.client.welcomed.connect(self.welcomed)
-        self.client.messages.connect(self._on_messages)
-        self.client.start()
-        self._timer.start()
+    def attach_remote(self, host: str, port: int, token: str,
+                      connect_timeout_s: float = 20.0) -> None:
+        """Watch a run whose rank 0 is on another machine, with its full history, through
+        ``host:port`` (its ``--monitor-port`` forwarded with ``ssh -L``) and ``token`` (from
+        its monitor.json). The connection is made on the client thread; ``finished`` says
+        "disconnected" when none could be made within ``connect_timeout_s``.
+
+        Raises:
+            ValueError: a host, port or token that cannot be right, naming it.
+            RuntimeError: a run is already active.
+        """
+        if self.active:
+            raise RuntimeError("a run is already active")
+        client = TelemetryClient.remote(host, port, token, connect_timeout_s)
+        self._begin(None, None, remote=f"{host}:{port}")
+        client.welcomed.connect(self._on_remote_welcome)
+        client.disconnected.connect(self._on_remote_end)
+        client.failed.connect(self._on_remote_failed)
+        self.notice.emit(f"attaching to rank 0 at {self.remote}...")
+        self._watch(client)
+
+    def _begin(self, run_dir: Path | None, launcher: LauncherProcess | None,
+               remote: str | None = None) -> None:
+        """Take on a run: forget the last one's stop and end, and say "starting"."""
+        self.run_dir = run_dir
+        self.launcher = launcher
+        self.remote = remote
+        self._remote_end = None
+        self._remote_stop_reason = None
+        self._remote_step = None
+        self._stop_when_welcomed = False
+        self._stop_phase = 0
+        self._signal_when_ready = False
+        self._set_state("starting")
+
+    def _watch(self, client: TelemetryClient) -> None:
+        self.client = client
+        client.welcomed.connect(self.welcomed)
+        client.messages.connect(self._on_messages)
+        client.start()
+        if self.remote is None:  # a remote run has no launcher or folder here to poll
+            self._timer.start()
 
     def _on_messages(self, batch: list[dict[str, Any]]) -> None:
         self.messages.emit(batch)
+        remote = self.remote is not None and self.sender() is self.client
         for m in batch:
             if m.get("type") == "metrics" and self.state == "starting":
                 self._set_state("running")
             if m.get("kind") == "stopping" and self.state in ("starting", "running"):
                 self._set_state("stopping")
+            if remote:
+                self._track_remote(m)
+
+    # ------------------------------------------------------------------------------ remote
+    def _track_remote(self, m: dict[str, Any]) -> None:
+        """Remember what a remote run's end needs: its step, its stop reason, its last
+        final event (a "stopped" can be followed by a "failed": the last one counts)."""
+        if isinstance(m.get("step"), int):
+            self._remote_step = m["step"]
+        if m.get("type") != "event":
+            return
+        if m.get("kind") == "stopping":
+            self._remote_stop_reason = m.get("reason")
+        elif m.get("kind") in FINAL_STATES:
+            self._remote_end = m
+
+    def _on_remote_welcome(self, welcome: dict[str, Any]) -> None:
+        if self.sender() is not self.client or not self.active:
+            return  # a client left behind by detach()
+        status = welcome.get("status") or {}
+        if status.get("state") in ("running", "stopping") and self.state == "starting":
+            self._set_state(str(status["state"]))
+        self.notice.emit(f"attached to rank 0 at {self.remote} (world size "
+                         f"{welcome.get('world_size', '?')}, step {status.get('step', '?')})")
+        if self._stop_when_welcomed:
+            self._stop_when_welcomed = False
+            self._send_remote_stop()
+
+    def _on_remote_failed(self, why: str) -> None:
+        if self.sender() is self.client and self.active:
+            self._finish_remote(f"could not attach to rank 0 at {self.remote}: {why}")
+
+    def _on_remote_end(self, _why: str) -> None:
+        if self.sender() is self.client and self.active:
+            self._finish_remote(None)
+
+    def _finish_remote(self, connect_error: str | None) -> None:
+        """Emit ``finished`` for a remote run, shaped like a local run's status: from its last
+        final event, or "disconnected" when the connection ended before one."""
+        end = self._remote_end
+        status: dict[str, Any] = {"state": DISCONNECTED, "step": self._remote_step,
+                                  "reason": connect_error or (
+                                      f"lost the connection to rank 0 at {self.remote} before "
+                                      "the run ended (it may still be training)"),
+                                  "remote": self.remote, "launcher_exit_code": None,
+                                  "leftover_pids": []}  # nothing of it runs here
+        if end is not None:
+            status["state"] = str(end["kind"])
+            status["step"] = end.get("step", self._remote_step)
+            status["reason"] = end.get("error") or end.get("reason") or (
+                self._remote_stop_reason if end["kind"] == "stopped" else None)
+            if end["kind"] == "failed":
+                status["log_rank"] = end.get("rank")
+                status["log_tail"] = []  # the logs are on the remote machine
+        if self.client is not None:
+            self.client.request_stop()
+            self.client.wait(3000)
+        self._set_state(str(status["state"]))
+        self.finished.emit(status)
 
     # ------------------------------------------------------------------------------ stop
     def stop(self) -> None:
-        """Begin the stop escalation (agreed stop first)."""
-        if not self.active or self.launcher is None:
+        """Begin the stop escalation (agreed stop first; for a remote run, only that)."""
+        if not self.active or (self.launcher is None and self.remote is None):
             return
         if self._stop_phase:
             return
         self._stop_phase = 1
         self._stop_started = time.monotonic()
         self._set_state("stopping")
+        if self.remote is not None:
+            self._send_remote_stop()
+            return
         if self.client is not None and self.client.send({"type": "stop"}):
             self.notice.emit("stop sent: all ranks will stop at the same step")
         elif self.run_dir is not None and read_status(self.run_dir) is None:
@@ -160,6 +268,16 @@ class RunController(QObject):
         else:  # not connected (yet): the launcher forwards SIGTERM to the ranks
             self.launcher.signal_group(signal.SIGTERM)
             self.notice.emit("stop: SIGTERM sent to the launcher")
+
+    def _send_remote_stop(self) -> None:
+        """The agreed stop to a remote rank 0, now or once connected."""
+        if self.client is not None and self.client.send({"type": "stop"}):
+            self.notice.emit(f"stop sent to rank 0 at {self.remote}: all ranks will stop at "
+                             f"the same step ({NO_ESCALATION})")
+        else:
+            self._stop_when_welcomed = True
+            self.notice.emit(f"stop: not connected to rank 0 at {self.remote} yet; the stop "
+                             f"goes out once it is ({NO_ESCALATION})")
 
     def _escalate(self) -> None:
         assert self.launcher is not None

@@ -509,6 +509,10 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
                         command=plan.command())
     print(f"[rankscope] run folder {run_dir}", file=out, flush=True)
     print(f"[rankscope] {plan.command()}", file=out, flush=True)
+    if plan.cfg.multi_node:
+        print(f"[rankscope] node {plan.cfg.node_rank} of {plan.cfg.nnodes}: meeting the other "
+              f"nodes at {plan.cfg.rdzv_endpoint} (rendezvous {plan.cfg.rendezvous_id()})",
+              file=out, flush=True)
     monitor = RunMonitor(run_dir, status, out, world_size=plan.cfg.nproc or 1,
                          node_rank=plan.cfg.node_rank)
     signals.monitor = monitor

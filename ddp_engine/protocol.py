@@ -57,36 +57,78 @@ def read_monitor_file(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
                             f"({type(e).__name__})") from None
 
 
+def check_address(host: str, port: int, token: str) -> None:
+    """Check a viewer's explicit address and token (rank 0 on another machine, reached through
+    ``ssh -L``).
+
+    Raises:
+        ValueError: naming the field, the value and what is allowed.
+    """
+    if not isinstance(host, str) or not host.strip():
+        raise ValueError(f"host must be a host name or IP address, got {host!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be a whole number between 1 and 65535, got {port!r}")
+    if not isinstance(token, str) or not token.strip():
+        raise ValueError(f"token must be the non-empty token of the run's monitor.json, "
+                         f"got {token!r}")
+
+
 class Connection:
     """A viewer's connection: hello, welcome, then messages in order.
 
+    Either a run folder (its monitor.json says where and with which token) or an explicit
+    address and token (:meth:`to`, for rank 0 on another machine).
+
     Args:
-        run_dir: the run folder, whose monitor.json says where and with which token.
+        run_dir: the run folder, whose monitor.json says where and with which token; None
+            with ``host``, ``port`` and ``token`` given.
         timeout_s: socket timeout for connecting and for each blocking read.
-        token: a token to use instead of monitor.json's (tests).
+        token: a token to use instead of monitor.json's (tests), or the token of ``host``.
+        host: the server's address when there is no run folder here.
+        port: the server's TCP port when there is no run folder here.
+
+    Raises:
+        ProtocolError: no monitor.json, nothing listening, or no welcome (wrong token?).
+        ValueError: an explicit address or token that cannot be right (see check_address).
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], timeout_s: float = 10.0,
-                 token: str | None = None) -> None:
-        info = read_monitor_file(run_dir)
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, timeout_s: float = 10.0,
+                 token: str | None = None, *, host: str | None = None,
+                 port: int | None = None) -> None:
+        if run_dir is not None:
+            info = read_monitor_file(run_dir)
+            host, port = info["host"], info["port"]
+            token = info["token"] if token is None else token
+        elif host is None or port is None or token is None:
+            raise ValueError("Connection needs run_dir, or host, port and token")
+        else:
+            check_address(host, port, token)
+        self.address = f"{host}:{port}"
+        """Where the server is, "host:port" (for messages)."""
         try:
-            self.sock = socket.create_connection((info["host"], info["port"]), timeout=timeout_s)
+            self.sock = socket.create_connection((host, port), timeout=timeout_s)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # commands: small
         except OSError as e:
-            raise ProtocolError(f"cannot connect to the run's telemetry at {info['host']}:"
-                                f"{info['port']}: {e}") from None
+            raise ProtocolError(f"cannot connect to the run's telemetry at {self.address}: "
+                                f"{e}") from None
         self._buf = bytearray()
         self._lines: list[dict[str, Any]] = []
-        self.send(hello(info["token"] if token is None else token))
         try:
+            self.send(hello(token))
             welcome = self.receive()
-        except TimeoutError:
+        except OSError:  # TimeoutError included: no answer in time
             welcome = None
         if welcome is None or welcome.get("type") != "welcome":
             self.close()
-            raise ProtocolError("the server closed the connection instead of welcoming us "
-                                "(wrong token or protocol version?)")
+            raise ProtocolError(f"the server at {self.address} closed the connection instead "
+                                "of welcoming us (wrong token or protocol version?)")
         self.welcome = welcome
+
+    @classmethod
+    def to(cls, host: str, port: int, token: str, timeout_s: float = 10.0) -> Connection:
+        """Connect to ``host:port`` with ``token``, without a run folder (e.g. rank 0 on
+        another machine, its port forwarded with ``ssh -L``)."""
+        return cls(None, timeout_s, token, host=host, port=port)
 
     def send(self, message: dict[str, Any]) -> None:
         self.sock.sendall(encode(message))

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import QLabel
+from PySide6.QtWidgets import QDialogButtonBox, QLabel
 
-from app.main_window import MainWindow
+from app.main_window import MainWindow, RemoteAttachDialog
+from ddp_engine.protocol import read_monitor_file
 from ddp_engine.run_dir import read_rank_files, read_status
+from ddp_engine.telemetry import Telemetry
 from tests.app.conftest import _make
-from tests.conftest import REPO, processes_mentioning, wait_for
+from tests.conftest import REPO, endless_run, processes_mentioning, wait_for
 
 FAULTY = REPO / "tests" / "ddp_engine" / "plugins" / "faulty.py"
 
@@ -181,3 +184,164 @@ def test_closing_during_a_run_can_leave_it_training(qtbot, window: MainWindow) -
     stopped = run_engine("stop", str(run_dir), timeout=120)
     assert stopped.returncode == 0 and stopped.stdout.startswith("stopped")
     assert not processes_mentioning(str(run_dir))
+
+
+def _submit(dialog: RemoteAttachDialog, host: str, port: str, token: str) -> None:
+    dialog.host.setText(host)
+    dialog.port.setText(port)
+    dialog.token.setText(token)
+    dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+
+
+@pytest.mark.parametrize(("host", "port", "token", "field", "message"), [
+    ("127.0.0.1", "0", "abc", "port", "port must be a whole number between 1 and 65535, got 0"),
+    ("127.0.0.1", "http", "abc", "port",
+     "port must be a whole number between 1 and 65535, got 'http'"),
+    ("127.0.0.1", "29600", "", "token",
+     "token must be the non-empty token of the run's monitor.json, got ''"),
+    ("", "29600", "abc", "host", "host must be a host name or IP address, got ''"),
+])
+def test_attach_dialog_names_the_bad_field_and_attaches_nothing(
+        window: MainWindow, host: str, port: str, token: str, field: str, message: str) -> None:
+    window.attach_action.trigger()
+    dialog = window.attach_dialog
+    assert dialog is not None and dialog.isVisible()
+    _submit(dialog, host, port, token)
+    assert dialog.isVisible() and dialog.error.text() == message  # stays open, says why
+    for name in ("host", "port", "token"):
+        outlined = "d62728" in getattr(dialog, name).styleSheet()
+        assert outlined == (name == field), name
+    assert window.controller.state == "idle" and window.controller.client is None
+    assert window.windowTitle() == "Rankscope" and window.start_action.isEnabled()
+    dialog.reject()
+    assert window.attach_remote(host, int(port) if port.isdigit() else 0, token) is False
+    assert window.message_label.text().startswith("not attached: ")
+    assert window.controller.state == "idle"
+
+
+def test_attach_dialog_attaches_to_a_remote_rank_0_and_stop_goes_over_the_socket(
+        qtbot, window: MainWindow, tmp_path: Path) -> None:
+    """Against a real in-process rank-0 server: the window as while a remote run trains, then
+    the end as the run's final events say."""
+    stops: list[int] = []
+    server = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda: stops.append(1))
+    try:
+        server.publish({"type": "metrics", "step": 10, "total_steps": 100,
+                        "ranks": [{"rank": 0, "loss": 1.0}, {"rank": 1, "loss": 1.1}]})
+        window.attach_action.trigger()
+        assert window.attach_dialog is not None
+        _submit(window.attach_dialog, "127.0.0.1", str(server.port), server.token)
+        assert not window.attach_dialog.isVisible()
+        address = f"127.0.0.1:{server.port}"
+        assert window.windowTitle() == f"Rankscope - {address}"
+        assert window.controller.remote == address and window.viewing is None
+        qtbot.waitUntil(lambda: window.controller.state == "running", timeout=30_000)
+        assert window.store.ranks() == [0, 1] and window.store.info.step == 10
+        assert not window.start_action.isEnabled() and window.stop_action.isEnabled()
+        note = window.logs.text.placeholderText()
+        assert "on another machine: its ranks' logs are there" in note
+        window.logs.poll_once()  # nothing to follow, nothing breaks
+        window.stop_action.trigger()
+        qtbot.waitUntil(lambda: stops == [1], timeout=30_000)
+        assert "no SIGTERM/SIGKILL from here" in window.message_label.text()
+        assert not window.stop_action.isEnabled()
+        server.publish({"type": "event", "kind": "stopping", "step": 12,
+                        "reason": "stop command from a viewer"})
+        server.publish({"type": "event", "kind": "stopped", "step": 12})
+        with qtbot.waitSignal(window.controller.finished, timeout=30_000):
+            server.close()
+    finally:
+        server.close()
+    assert window.state_label.text() == "stopped"
+    assert window.message_label.text() == (
+        f"stopped at step 12: stop command from a viewer | rank 0 was at {address}; the run's "
+        "processes are on that machine (not checked from here)")
+    assert window.start_action.isEnabled() and not window.stop_action.isEnabled()
+
+
+def test_a_lost_remote_connection_says_disconnected_not_failed(
+        qtbot, window: MainWindow, tmp_path: Path) -> None:
+    server = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda: None)
+    try:
+        assert window.attach_remote("127.0.0.1", server.port, server.token)
+        qtbot.waitUntil(lambda: window.controller.state == "running", timeout=30_000)
+        for step in (1, 2):
+            server.publish({"type": "metrics", "step": step, "epoch": 0, "total_steps": 10,
+                            "ranks": [{"rank": 0, "loss": 1.0}]})
+        qtbot.waitUntil(lambda: window.store.info.step == 2, timeout=30_000)
+        assert window.store.stall_s(time.time() + 3600) is not None  # reports had been coming
+        with qtbot.waitSignal(window.controller.finished, timeout=30_000):
+            server.close()  # no final event: the run may still be training
+    finally:
+        server.close()
+    assert window.state_label.text() == "disconnected" and window.failure_box is None
+    assert (f"lost the connection to rank 0 at 127.0.0.1:{server.port} before the run ended "
+            "(it may still be training)") in window.message_label.text()
+    assert window.store.stall_s(time.time() + 3600) is None  # no "looks hung" alert later
+
+
+@pytest.mark.slow
+def test_attach_to_a_run_by_address_and_token_then_stop_it(qtbot, window: MainWindow,
+                                                           tmp_path: Path) -> None:
+    """A user on another machine: rank 0's port forwarded (here: the same machine), the token
+    copied from monitor.json; the window attaches by host, port and token, not the folder."""
+    from tests.ddp_engine.test_launcher import assert_no_process_left  # imports torch
+
+    with endless_run(tmp_path, "--log-every", "5") as (proc, run_dir):
+        wait_for(lambda: (run_dir / "monitor.json").exists(), 120, "monitor.json")
+        info = read_monitor_file(run_dir)
+        assert window.attach_remote("127.0.0.1", info["port"], info["token"])
+        assert window.controller.run_dir is None and window.controller.launcher is None
+        assert window.windowTitle() == f"Rankscope - 127.0.0.1:{info['port']}"
+        loss = window.dashboard.loss.chart
+        qtbot.waitUntil(lambda: window.store.ranks() == [0, 1] and loss.points("rank 0") > 0
+                        and loss.points("rank 1") > 0, timeout=120_000)
+        assert window.controller.state == "running"
+        assert not window.start_action.isEnabled() and window.stop_action.isEnabled()
+        with qtbot.waitSignal(window.controller.finished, timeout=120_000) as finished:
+            window.stop_action.trigger()
+            assert window.controller.state == "stopping"
+        assert proc.wait(timeout=120) == 0
+    result = finished.args[0]
+    assert result["state"] == "stopped" and result["leftover_pids"] == []
+    assert result["remote"] == f"127.0.0.1:{info['port']}"
+    assert "stop command from a viewer" in result["reason"]
+    status = read_status(run_dir)
+    assert status["state"] == "stopped" and status["step"] == result["step"]
+    assert window.state_label.text() == "stopped"
+    assert_no_process_left(run_dir)
+
+
+@pytest.mark.slow
+def test_a_two_node_run_started_here_shows_every_rank_and_stops_both_nodes(
+        qtbot, window: MainWindow, tmp_path: Path) -> None:
+    """Start with 2 nodes makes this machine node 0; node 1 is a second launcher (here on
+    127.0.0.1, as a user would start it on the other machine). The charts get all four ranks
+    from rank 0; Stop stops both nodes after one step."""
+    from tests.conftest import free_port, start_engine
+    from tests.ddp_engine.test_launcher import assert_no_process_left
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    window.panel.max_steps.setValue(0)  # until stopped
+    window.panel.epochs.setValue(1000)
+    window.panel.nnodes.setValue(2)
+    window.panel.rdzv_endpoint.setText(endpoint)
+    run_dir = window.start_run()
+    assert run_dir is not None
+    node1 = start_engine("launch", "--config", str(run_dir / "launch.toml"), "--node-rank", "1",
+                         "--rdzv-endpoint", endpoint, "--run-dir", str(run_dir),
+                         log=tmp_path / "node-1.log")
+    try:
+        qtbot.waitUntil(lambda: window.store.ranks() == [0, 1, 2, 3]
+                        and window.store.info.step >= 20, timeout=180_000)
+        with qtbot.waitSignal(window.controller.finished, timeout=120_000) as finished:
+            window.stop_action.trigger()
+        assert node1.wait(timeout=60) == 0, (tmp_path / "node-1.log").read_text()
+    finally:
+        node1.kill()
+    assert finished.args[0]["state"] == "stopped"
+    ranks = {**read_rank_files(run_dir), **read_rank_files(run_dir / "node-1")}
+    assert {d["state"] for d in ranks.values()} == {"stopped"}
+    assert len({d["step"] for d in ranks.values()}) == 1
+    assert read_status(run_dir / "node-1")["state"] == "stopped"
+    assert_no_process_left(run_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 import threading
@@ -79,6 +80,50 @@ def test_a_client_without_the_token_gets_nothing_and_cannot_stop(server: Telemet
 def test_wrong_token_through_the_client_class(server: Telemetry, tmp_path: Path) -> None:
     with pytest.raises(ProtocolError, match="closed the connection instead of welcoming"):
         Connection(tmp_path, token="nope")
+
+
+def test_connection_by_address_and_token_without_a_run_folder(server: Telemetry) -> None:
+    """As a viewer on another machine does, its port forwarded with ssh -L: no monitor.json."""
+    server.publish(_metrics(10))
+    with Connection.to("127.0.0.1", server.port, server.token, timeout_s=10) as conn:
+        assert conn.address == f"127.0.0.1:{server.port}"
+        assert conn.welcome["world_size"] == 2 and conn.welcome["status"]["step"] == 10
+        assert conn.receive()["step"] == 10  # the history
+        conn.send({"type": "stop"})
+        assert conn.receive()["type"] == "ack"
+    assert server.stops == [1]
+    with Connection(host="127.0.0.1", port=server.port, token=server.token) as conn:
+        assert conn.welcome["type"] == "welcome"
+
+
+def test_connection_by_address_with_the_wrong_token_names_it(server: Telemetry) -> None:
+    with pytest.raises(ProtocolError, match=rf"the server at 127\.0\.0\.1:{server.port} closed "
+                                            r"the connection instead of welcoming us \(wrong "
+                                            r"token or protocol version\?\)"):
+        Connection.to("127.0.0.1", server.port, "nope")
+    assert server.stops == []
+
+
+def test_connection_to_a_closed_port_names_it() -> None:
+    from tests.conftest import free_port
+
+    port = free_port()
+    with pytest.raises(ProtocolError, match=rf"cannot connect to the run's telemetry at "
+                                            rf"127\.0\.0\.1:{port}: .*refused"):
+        Connection.to("127.0.0.1", port, "tok", timeout_s=5)
+
+
+@pytest.mark.parametrize(("host", "port", "token", "message"), [
+    ("127.0.0.1", 0, "tok", "port must be a whole number between 1 and 65535, got 0"),
+    ("127.0.0.1", 65536, "tok", "port must be a whole number between 1 and 65535, got 65536"),
+    ("127.0.0.1", 29600, " ", "token must be the non-empty token of the run's monitor.json, "
+                              "got ' '"),
+    (" ", 29600, "tok", "host must be a host name or IP address, got ' '"),
+])
+def test_connection_by_address_refuses_bad_input(host: str, port: int, token: str,
+                                                 message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Connection.to(host, port, token)
 
 
 def test_malformed_and_oversized_lines_are_ignored(server: Telemetry, tmp_path: Path) -> None:

@@ -249,7 +249,8 @@ class LaunchPanel(QWidget):
             "checkpoint_every": self.checkpoint_every.value(), "seed": self.seed.value(),
             "name": self.name.text().strip() or None, "runs_dir": self.runs_dir.text().strip(),
             "resume": self.resume.text().strip() or None, "nnodes": self.nnodes.value(),
-            "rdzv_endpoint": self.rdzv_endpoint.text().strip() or None,
+            "rdzv_endpoint": (self.rdzv_endpoint.text().strip() or None
+                              if self.nnodes.value() > 1 else None),  # disabled: not used
         }
         out.update(self.devices.config_values())
         return out

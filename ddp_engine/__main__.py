@@ -72,10 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(ns: argparse.Namespace) -> RunConfig | None:
+def _config(ns: argparse.Namespace, fill: dict[str, str] | None = None) -> RunConfig | None:
     """The config of ``--config`` and the flags, or None after printing why it is invalid."""
     try:
-        return config_from_namespace(ns)
+        return config_from_namespace(ns, fill)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
@@ -145,9 +145,10 @@ def cmd_status(ns: argparse.Namespace) -> int:
 
 def cmd_cluster(ns: argparse.Namespace) -> int:
     """Print each node's torchrun command (with the config it reads) or a SLURM script."""
-    if ns.slurm and getattr(ns, "nnodes", 1) > 1 and not getattr(ns, "rdzv_endpoint", None):
-        ns.rdzv_endpoint = f"slurm-first-node:{ns.slurm_port}"  # the script finds the node
-    cfg = _config(ns)
+    # With --slurm the script finds the endpoint in the allocation (nnodes may come from the
+    # config file, so the stand-in goes in wherever the endpoint is missing).
+    cfg = _config(ns, {"rdzv_endpoint": f"slurm-first-node:{ns.slurm_port}"} if ns.slurm
+                  else None)
     if cfg is None:
         return 2
     if ns.slurm:

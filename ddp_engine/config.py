@@ -575,12 +575,17 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                             "string); repeatable")
 
 
-def config_from_namespace(ns: argparse.Namespace) -> RunConfig:
-    """Merge ``--config FILE`` with the flags given on the command line (flags win)."""
+def config_from_namespace(ns: argparse.Namespace,
+                          fill: Mapping[str, Any] | None = None) -> RunConfig:
+    """Merge ``--config FILE`` with the flags given on the command line (flags win); ``fill``
+    gives values for keys that neither sets."""
     data: dict[str, Any] = {}
     source = "config"
     if getattr(ns, "config", None):
         data = load_config_file(ns.config)
+        for key, value in (fill or {}).items():
+            if getattr(ns, key, None) is None:
+                data.setdefault(key, value)
         source = f"config {ns.config}"
         cfg = RunConfig.from_dict(data, source=source)
         data = cfg.to_dict()
@@ -592,6 +597,8 @@ def config_from_namespace(ns: argparse.Namespace) -> RunConfig:
             merged.update(dict(given[key]))
             given[key] = merged
     data.update(given)
+    for key, value in (fill or {}).items():
+        data.setdefault(key, value)
     return RunConfig.from_dict(data, source=source)
 
 

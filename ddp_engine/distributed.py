@@ -45,17 +45,21 @@ class DistInfo:
         local_rank = int(os.environ["LOCAL_RANK"])
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         rank = int(os.environ["RANK"])
-        node = os.environ.get(NODE_RANK_ENV)
+        node = os.environ.get(NODE_RANK_ENV) or None  # empty: unset (a single node)
         if node is None:
             return cls(rank, local_rank, world, local_world,
                        node_rank=int(os.environ.get("GROUP_RANK", 0)))
-        node_rank = int(node)
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", world // max(local_world, 1)))
+        node_rank = int(node) if node.isdigit() else -1
+        if world != nodes * local_world or not 0 <= node_rank < nodes:
+            raise RuntimeError(f"node_rank: {node!r} does not fit this run of {nodes} nodes "
+                               f"and {world} ranks ({local_world} on this node): every node "
+                               "must run the same number of processes and have its own node "
+                               f"rank, 0..{nodes - 1}")
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
+            raise RuntimeError("node_rank: numbering the ranks by node needs torchrun's shared "
+                               "store; unset TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
         rank = node_rank * local_world + local_rank
-        if world % local_world or rank >= world:
-            raise RuntimeError(f"{NODE_RANK_ENV}={node_rank} does not fit this run: "
-                               f"{world} ranks, {local_world} on this node; every node must "
-                               "run the same number of processes and have its own node rank "
-                               f"0..{world // max(local_world, 1) - 1}")
         os.environ["RANK"] = str(rank)  # what this rank is, for everything that reads it
         return cls(rank, local_rank, world, local_world, node_rank=node_rank)
 
@@ -97,6 +101,8 @@ def init_distributed(device_pref: str, timeout_s: float) -> DistContext:
     else:
         device = torch.device("cpu")
     timeout = datetime.timedelta(seconds=timeout_s)
+    if os.environ.get(NODE_RANK_ENV) and info.local_rank == 0:
+        _claim_node(info, timeout)
     # device_id binds the NCCL communicator to this rank's GPU eagerly.
     dist.init_process_group(backend=backend, timeout=timeout, rank=info.rank,
                             world_size=info.world_size,
@@ -105,6 +111,23 @@ def init_distributed(device_pref: str, timeout_s: float) -> DistContext:
             else dist.group.WORLD)
     assert side is not None
     return DistContext(info=info, backend=backend, device=device, side_group=side)
+
+
+def _claim_node(info: DistInfo, timeout: datetime.timedelta) -> None:
+    """Take this node's rank in torchrun's store, before the ranks numbered by it meet: two
+    nodes given the same --node-rank would otherwise share rank numbers and hang.
+
+    Raises:
+        RuntimeError: another node of this run has this node rank.
+    """
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timeout, wait_for_workers=False)
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if store.add(f"rankscope/{run}/{attempt}/node/{info.node_rank}", 1) != 1:
+        nodes = info.world_size // info.local_world_size
+        raise RuntimeError(f"node_rank: {info.node_rank} is already taken by another node of "
+                           f"this run; give every node its own --node-rank, 0..{nodes - 1}")
 
 
 def teardown() -> None:
@@ -181,9 +204,7 @@ class StopFlag:
         def watchdog(why: str, code: float = STOP_ASKED) -> None:
             self.request(why, code)
             if self._watchdog is None:
-                self._watchdog = threading.Timer(grace_s, _give_up, args=(why, grace_s))
-                self._watchdog.daemon = True
-                self._watchdog.start()
+                self._arm_watchdog(why, grace_s)
 
         def handler(signum: int, _frame: FrameType | None) -> None:
             watchdog(f"signal {signal.Signals(signum).name}")
@@ -195,6 +216,16 @@ class StopFlag:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, handler)
         signal.signal(PARENT_DEATH_SIGNAL, orphaned)
+
+    def _arm_watchdog(self, why: str, grace_s: float) -> None:
+        """SIGKILL this rank ``grace_s`` from now unless it has exited (see
+        :meth:`install_signal_handlers`); armed again when the stop is agreed, so the final
+        checkpoint and teardown get the whole grace period."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog = threading.Timer(grace_s, _give_up, args=(why, grace_s))
+        self._watchdog.daemon = True
+        self._watchdog.start()
 
     def interval(self, per_step_s: float) -> int:
         """Steps until the next check: ``every``, or fewer when steps are slow, so that a stop
@@ -227,6 +258,8 @@ class StopFlag:
         code = float(self._buf[0])
         if code <= 0:
             return False
+        if self._watchdog is not None:  # agreed: from here on the stop is not stuck
+            self._arm_watchdog(*self._watchdog.args)  # type: ignore[arg-type]
         if code >= LOST_LAUNCHER:
             self.failure = lost_launcher_text(int(code - LOST_LAUNCHER))
             self.reason = self.failure

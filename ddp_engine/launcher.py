@@ -130,8 +130,11 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
     changes["run_dir"] = str(run_dir)
     changes["resume"] = str(Path(cfg.resume).resolve()) if cfg.resume else None
     resolved = dataclasses.replace(cfg, **changes)
+    # Several nodes: ranks numbered by node rank, which needs torchrun's shared store. (One
+    # node: torchrun's numbers; launch() drops a RANKSCOPE_NODE_RANK left in the shell.)
     if cfg.multi_node:
         env[NODE_RANK_ENV] = str(cfg.node_rank)
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "0"
     nodes = rendezvous_args(cfg)
     args = [*nodes, "--nproc-per-node", str(resolved.nproc),
             "--log-dir", str(run_dir / "logs"), "--redirects", "3",
@@ -466,10 +469,11 @@ class LauncherSignals:
         rank has started yet."""
         if self.monitor is None:
             return False
+        self.monitor.poll_once(scan_processes=True)
         sent = False
         for data in read_rank_files(self.monitor.run_dir).values():
-            pid = data.get("pid")
-            if isinstance(pid, int) and data.get("state") == "running":
+            pid = data.get("pid")  # only this run's: a reused folder keeps older rank files
+            if pid in self.monitor.procs and data.get("state") == "running":
                 with contextlib.suppress(OSError):
                     os.kill(pid, sig)
                     sent = True
@@ -532,6 +536,8 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
             raise SignalException("stop requested during start-up",
                                   signal.Signals[signals.seen[0]])
         signals.phase = "agent"
+        if not plan.cfg.multi_node:
+            os.environ.pop(NODE_RANK_ENV, None)  # this launcher's own environment
         with _environment({**plan.env, "PET_SIGNALS_TO_HANDLE": "SIGQUIT"}):
             torchrun(parse_args(plan.torchrun_args))
         final = {"state": "completed"}

@@ -24,6 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ddp_engine.config import ConfigError, RunConfig, load_config_file
 from ddp_engine.distributed import (
     DistContext,
+    DistInfo,
     StopFlag,
     init_distributed,
     teardown,
@@ -40,15 +41,18 @@ class RunFailed(RuntimeError):
 
 
 def resolve_run_dir(cfg: RunConfig, ctx: DistContext) -> Path:
-    """The run folder: ``cfg.run_dir``, or one that rank 0 creates and broadcasts."""
-    if cfg.run_dir:
-        return prepare_run_dir(cfg.run_dir)
+    """The run folder: ``cfg.run_dir``, or the one rank 0 creates and broadcasts. Every rank
+    takes part in the broadcast, with or without a folder of its own: nodes started one way
+    (the launcher: a folder each) and the other (a plain torchrun script: none) still call
+    the same collectives."""
     box: list[str | None] = [None]
     if ctx.info.rank == 0:
-        box[0] = str(new_run_dir(cfg.runs_dir, cfg.default_name()))
-    dist.broadcast_object_list(box, src=0, group=ctx.side_group)
-    assert box[0] is not None
-    return prepare_run_dir(box[0])
+        box[0] = cfg.run_dir or str(new_run_dir(cfg.runs_dir, cfg.default_name()))
+    if ctx.info.world_size > 1:
+        dist.broadcast_object_list(box, src=0, group=ctx.side_group)
+    folder = cfg.run_dir or box[0]
+    assert folder is not None
+    return prepare_run_dir(folder)
 
 
 def write_rank_state(run_dir: Path, ctx: DistContext, state: str, **extra: object) -> None:
@@ -63,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                                      description="One DDP rank; start it with torchrun.")
     parser.add_argument("--config", required=True, help="TOML or JSON RunConfig")
     args = parser.parse_args(argv)
-    rank = os.environ.get("RANK", "?")
+    try:
+        rank: object = DistInfo.from_env().rank  # as the run numbers it (by node in a
+    except (RuntimeError, ValueError):  # multi-node run), not as torchrun's rendezvous did
+        rank = "?"
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     cfg = RunConfig.from_dict(load_config_file(args.config), source=f"config {args.config}")

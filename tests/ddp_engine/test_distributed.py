@@ -96,10 +96,23 @@ def test_ranks_are_numbered_by_node_rank_not_by_the_rendezvous(monkeypatch) -> N
     info = DistInfo.from_env()
     assert (info.rank, info.local_rank, info.node_rank, info.world_size) == (1, 1, 0, 4)
     assert os.environ["RANK"] == "1"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
     monkeypatch.setenv(NODE_RANK_ENV, "2")  # a third node in a run of two
-    with pytest.raises(RuntimeError, match=f"{NODE_RANK_ENV}=2 does not fit this run: 4 ranks, "
-                                           "2 on this node"):
+    with pytest.raises(RuntimeError, match=r"node_rank: '2' does not fit this run of 2 nodes "
+                                           r"and 4 ranks \(2 on this node\)"):
         DistInfo.from_env()
+    monkeypatch.setenv(NODE_RANK_ENV, "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # 1 process here, so 3 on the other node
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(RuntimeError, match="every node must run the same number of processes"):
+        DistInfo.from_env()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    with pytest.raises(RuntimeError, match="unset TORCH_DISABLE_SHARE_RDZV_TCP_STORE"):
+        DistInfo.from_env()
+    monkeypatch.setenv(NODE_RANK_ENV, "")  # left empty: one node, torchrun's numbers
+    monkeypatch.setenv("RANK", "3")
+    assert DistInfo.from_env().rank == 3
     monkeypatch.delenv(NODE_RANK_ENV)
     monkeypatch.setenv("RANK", "3")
     assert DistInfo.from_env().rank == 3  # one node, or torchrun alone: torchrun's numbers

@@ -288,3 +288,27 @@ def test_a_signal_to_either_launcher_stops_both_nodes_at_one_step(tmp_path: Path
         assert read_status(folder)["reason"] == (f"stop requested (signal {name}); all ranks "
                                                  f"stopped at step {ranks[0]['step']}")
     assert_no_process_left(run_dir)
+
+
+def test_two_nodes_with_one_node_rank_fail_naming_it(tmp_path: Path) -> None:
+    """Both launchers say --node-rank 0 (Start pressed in the app on both machines): the
+    second to claim it fails at once, naming node_rank; the other's ranks wait for peers that
+    never come and fail at the process-group timeout. Nothing is left."""
+    from tests.conftest import free_port, start_engine
+
+    common = ("launch", "--nproc", "2", "--max-steps", "5", "--nnodes", "2", "--node-rank", "0",
+              "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--dist-timeout-s", "15")
+    procs = [start_engine(*common, "--run-dir", str(tmp_path / f"run-{k}"),
+                          log=tmp_path / f"node-{k}.log") for k in (0, 1)]
+    try:
+        codes = [p.wait(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [1, 1], _log(tmp_path)
+    reasons = [read_status(tmp_path / f"run-{k}")["reason"] for k in (0, 1)]
+    taken = [r for r in reasons if "node_rank: 0 is already taken by another node of this run; "
+             "give every node its own --node-rank, 0..1" in r]
+    assert len(taken) == 1, reasons
+    for k in (0, 1):
+        assert_no_process_left(tmp_path / f"run-{k}")

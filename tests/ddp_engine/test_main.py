@@ -41,14 +41,15 @@ def test_dry_run_of_node_1_meets_node_0_by_c10d_and_keeps_its_own_folder(
                       str(tmp_path / "run"), "--dry-run", timeout=60)
     assert proc.returncode == 0, proc.stderr
     first = proc.stdout.split("\n", 1)[0]
-    assert "RANKSCOPE_NODE_RANK=1 torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint " \
-        "node0.example.org:29400 --rdzv-id rankscope-mlp-synthetic --nproc-per-node 2" in first
+    assert "RANKSCOPE_NODE_RANK=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 torchrun --nnodes 2 " \
+        "--rdzv-backend c10d --rdzv-endpoint node0.example.org:29400 --rdzv-id " \
+        "rankscope-mlp-synthetic --nproc-per-node 2" in first
     assert "--standalone" not in first
     assert f"--config {tmp_path / 'run' / 'node-1' / 'config.json'}" in first
     assert not (tmp_path / "run").exists()
 
 
-def test_cluster_prints_each_nodes_script_or_a_slurm_script() -> None:
+def test_cluster_prints_each_nodes_script_or_a_slurm_script(tmp_path: Path) -> None:
     nodes = run_engine("cluster", "--nnodes", "2", "--rdzv-endpoint", "node0:29400", "--nproc",
                        "2", "--device", "cpu", "--max-steps", "50", timeout=60)
     assert nodes.returncode == 0, nodes.stderr
@@ -62,6 +63,11 @@ def test_cluster_prints_each_nodes_script_or_a_slurm_script() -> None:
     assert slurm.returncode == 0, slurm.stderr
     assert "#SBATCH --nodes=4" in slurm.stdout and "#SBATCH --gpus-per-node=8" in slurm.stdout
     assert "--rdzv-endpoint $head:29400" in slurm.stdout
+    cfg = tmp_path / "big.toml"
+    cfg.write_text("nnodes = 3\nnproc = 4\n")  # the node count from a config file
+    from_file = run_engine("cluster", "--slurm", "--config", str(cfg), timeout=60)
+    assert from_file.returncode == 0, from_file.stderr
+    assert "#SBATCH --nodes=3" in from_file.stdout
     alone = run_engine("cluster", "--nproc", "2", timeout=60)
     assert alone.returncode == 2 and "nnodes: give --nnodes N" in alone.stderr
 

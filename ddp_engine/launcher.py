@@ -226,7 +226,9 @@ class RunMonitor(threading.Thread):
             self._beats()
         else:
             self._check_stall()
-        ranks = read_rank_files(self.run_dir)
+        first = self.node_rank * self.world_size  # this node's ranks only
+        ranks = {r: d for r, d in read_rank_files(self.run_dir).items()
+                 if first <= r < first + self.world_size}
         pids = {str(r): d.get("pid") for r, d in sorted(ranks.items())}
         if pids:
             self.status.update(pids=pids)
@@ -562,9 +564,11 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         leftover = sweep(list(monitor.procs.values()))
     signals_seen = signals.seen
 
-    ranks = read_rank_files(run_dir)
-    world = plan.cfg.nproc or len(ranks)  # this node's ranks
+    world = plan.cfg.nproc or 1  # this node's ranks
     mine = range(plan.cfg.node_rank * world, (plan.cfg.node_rank + 1) * world)
+    # Only this node's: a node started without a folder of its own (a plain torchrun script)
+    # writes its ranks' files into rank 0's.
+    ranks = {r: d for r, d in read_rank_files(run_dir).items() if r in mine}
     states = {r: d.get("state") for r, d in ranks.items()}
     step = max([d["step"] for d in ranks.values() if isinstance(d.get("step"), int)]
                + [monitor.last_step])
@@ -614,7 +618,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     if leftover:
         final["swept_pids"] = leftover
     if plan.device == "cuda":  # processes gone by psutil; the GPUs must agree
-        pids = set(monitor.procs) | {d["pid"] for d in read_rank_files(run_dir).values()
+        pids = set(monitor.procs) | {d["pid"] for d in ranks.values()
                                      if isinstance(d.get("pid"), int)}
         held = devices.gpu_leftovers(pids)
         if held:

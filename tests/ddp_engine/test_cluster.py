@@ -98,3 +98,27 @@ def test_the_slurm_script_trains_two_nodes_as_one_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "rankscope-4242.json").is_file()
     _trained_as_one_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_node_started_by_its_script_joins_a_node_started_by_the_launcher(
+        tmp_path: Path) -> None:
+    """Node 0 as the app starts it (the launcher, a run folder of its own), node 1 from its
+    exported plain-torchrun script (no folder: rank 0 names it): one run."""
+    from ddp_engine.cluster import node_script
+    from tests.conftest import start_engine
+
+    cfg = _config(tmp_path)
+    run_dir = tmp_path / "run"
+    node0 = start_engine("launch", *cfg.to_argv(), "--run-dir", str(run_dir),
+                         log=tmp_path / "node-0.log")
+    script = tmp_path / "node-1" / "start.sh"
+    script.parent.mkdir()
+    script.write_text(node_script(cfg, 1, str(REPO)))
+    node1 = subprocess.run(["bash", str(script)], cwd=script.parent, env=_env(tmp_path),
+                           capture_output=True, text=True, timeout=240)
+    assert node0.wait(timeout=60) == 0, (tmp_path / "node-0.log").read_text()
+    assert node1.returncode == 0, node1.stdout + node1.stderr
+    last = [m for m in iter_metrics(run_dir) if m["type"] == "metrics"][-1]
+    assert last["step"] == 20 and [r["node"] for r in last["ranks"]] == [0, 0, 1, 1]
+    assert sorted(read_rank_files(run_dir)) == [0, 1, 2, 3]  # node 1 wrote into rank 0's

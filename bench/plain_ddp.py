@@ -2,7 +2,8 @@
 
 Run under torchrun. Same model and data builders as the engine, its own plain loop: no comm
 hook, no timing, no device sampling, no telemetry, no stop checks, no metrics file. Rank 0
-prints {"samples_per_s": X} over steps [warmup, steps). With --first-step-file PATH, rank 0 also
+prints {"samples_per_s": X, "cpu_s_per_ksample": Y} over steps [warmup, steps) (Y: every rank's
+process CPU seconds per 1,000 samples). With --first-step-file PATH, rank 0 also
 writes time.time() to PATH after its first optimizer step (for bench/launch_latency.py).
 """
 
@@ -37,12 +38,13 @@ def main() -> None:
                                  drop_last=True)
     loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)
     assert cfg.max_steps is not None
-    step, epoch, t0 = 0, 0, 0.0
+    step, epoch, t0, cpu0 = 0, 0, 0.0, 0.0
     while step < cfg.max_steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
             if step == args.warmup:
                 t0 = time.perf_counter()
+                cpu0 = time.process_time()
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
@@ -55,9 +57,12 @@ def main() -> None:
                 break
         epoch += 1
     elapsed = time.perf_counter() - t0
+    cpu = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
+    dist.all_reduce(cpu)  # every rank's CPU seconds over the measured steps
     if rank == 0:
         samples = (cfg.max_steps - args.warmup) * cfg.batch_size * world
-        print(json.dumps({"samples_per_s": samples / elapsed}), flush=True)
+        print(json.dumps({"samples_per_s": samples / elapsed,
+                          "cpu_s_per_ksample": 1000 * float(cpu[0]) / samples}), flush=True)
     dist.destroy_process_group()
 
 

@@ -36,7 +36,7 @@ log = logging.getLogger("ddp_engine.trainer")
 TIMING_FIELDS: tuple[str, ...] = ("data_wait_s", "forward_s", "backward_s", "optimizer_s",
                                   "sync_time_s", "sync_exposed_s", "sync_bytes", "sync_buckets")
 REPORT_FIELDS: tuple[str, ...] = ("loss", "samples_per_s", "step_time_s", *TIMING_FIELDS,
-                                  *DEVICE_KEYS, "local_rank", "on_cuda")
+                                  *DEVICE_KEYS, "process_cpu_s", "local_rank", "on_cuda")
 """Per-rank values gathered to rank 0 at each log interval, in this order (NaN for None)."""
 
 
@@ -321,6 +321,7 @@ class Trainer:
                       else dict.fromkeys(TIMING_FIELDS))
         values.update(self.device_sampler.latest() if self.device_sampler is not None
                       else dict.fromkeys(DEVICE_KEYS))
+        values["process_cpu_s"] = time.process_time()  # CPU work so far: what a cost costs
         values["local_rank"] = self.ctx.info.local_rank
         values["on_cuda"] = 1.0 if self.device.type == "cuda" else 0.0
         row = [math.nan if values[k] is None else float(values[k] or 0.0) for k in REPORT_FIELDS]

@@ -112,7 +112,7 @@ class RunController(QObject):
         assert self.launcher is not None
         pid = self.launcher.start()
         self.notice.emit(f"launcher started (pid {pid}), run folder {run_dir}")
-        self._watch(TelemetryClient(run_dir))
+        self._watch(TelemetryClient(run_dir, connect_timeout_s=None))
         return run_dir
 
     def attach(self, run_dir: Path) -> bool:
@@ -130,7 +130,7 @@ class RunController(QObject):
         if status and status.get("state") in ("running", "stopping"):
             self._set_state(str(status["state"]))
         self.notice.emit(f"attached to {run_dir.name} (launcher pid {owner.pid})")
-        self._watch(TelemetryClient(run_dir))
+        self._watch(TelemetryClient(run_dir, connect_timeout_s=None))
         return True
 
     def attach_remote(self, host: str, port: int, token: str,
@@ -169,6 +169,9 @@ class RunController(QObject):
         self._set_state("starting")
 
     def _watch(self, client: TelemetryClient) -> None:
+        """Follow ``client``'s messages. A local run's client waits for the server however
+        long it takes (a multi-node run serves once every node has joined): the controller
+        stops it when the launcher ends."""
         self.client = client
         client.welcomed.connect(self.welcomed)
         client.messages.connect(self._on_messages)

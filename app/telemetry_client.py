@@ -28,7 +28,7 @@ class TelemetryClient(QThread):
     disconnected = Signal(str)  # why
     failed = Signal(str)
 
-    def __init__(self, run_dir: Path | None, connect_timeout_s: float = 180.0,
+    def __init__(self, run_dir: Path | None, connect_timeout_s: float | None = 180.0,
                  batch_s: float = 0.05, *, host: str | None = None, port: int | None = None,
                  token: str | None = None) -> None:
         super().__init__()
@@ -53,9 +53,11 @@ class TelemetryClient(QThread):
         return cls(None, connect_timeout_s, batch_s, host=host, port=port, token=token)
 
     def _connect(self) -> Connection | None:
-        """A connection (retried until ``connect_timeout_s``), or None when stopped, failed
-        (``failed`` emitted) or following metrics.jsonl instead (returned when that ended)."""
-        deadline = time.monotonic() + self.connect_timeout_s
+        """A connection (retried until ``connect_timeout_s``, None: until stopped), or None
+        when stopped, failed (``failed`` emitted) or following metrics.jsonl instead (returned
+        when that ended)."""
+        deadline = (float("inf") if self.connect_timeout_s is None
+                    else time.monotonic() + self.connect_timeout_s)
         while not self._stop.is_set():
             try:
                 if self.run_dir is None:

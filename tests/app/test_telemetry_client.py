@@ -90,3 +90,31 @@ def test_remote_client_on_a_closed_port_fails_naming_it(qtbot) -> None:
 def test_remote_client_refuses_bad_input(args: tuple, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         TelemetryClient.remote(*args)
+
+
+def test_a_local_client_without_deadline_waits_for_a_server_that_comes_late(
+        qtbot, tmp_path: Path) -> None:
+    """A multi-node run serves only once every node has joined: the app's client for a run it
+    started keeps waiting (the controller stops it if the launcher ends first)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    hurried = TelemetryClient(run_dir, connect_timeout_s=0.5)  # with a deadline: it gives up
+    with qtbot.waitSignal(hurried.failed, timeout=20_000):
+        hurried.start()
+    assert hurried.wait(5000)
+    client = TelemetryClient(run_dir, connect_timeout_s=None)
+    failures: list[str] = []
+    client.failed.connect(failures.append)
+    client.start()
+    try:
+        qtbot.wait(1500)  # several connection attempts, no monitor.json yet
+        assert failures == [] and client.isRunning()
+        server = Telemetry(run_dir, welcome_extra={"world_size": 4}, on_stop=lambda: None)
+        try:
+            with qtbot.waitSignal(client.welcomed, timeout=20_000) as welcomed:
+                pass
+            assert welcomed.args[0]["world_size"] == 4
+        finally:
+            server.close()
+    finally:
+        _stopped(client)

@@ -97,7 +97,9 @@ def slurm_script(cfg: RunConfig, pythonpath: str, port: int = DEFAULT_RDZV_PORT)
         "# metrics, checkpoints and live telemetry, is on the first node of the allocation.",
         "set -euo pipefail",
         f"export PYTHONPATH={shlex.quote(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}",
-        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # sed reads every line (head -n 1 would not, and with pipefail a scontrol that writes
+        # after head left ends the job with SIGPIPE)
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         'config="$PWD/rankscope-$SLURM_JOB_ID.json"  # on a file system every node sees',
         _write_config(cfg, '"$config"'),
     ]

@@ -25,7 +25,9 @@ rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=$?; done
 exit $rc
 """
-SCONTROL = "#!/bin/bash\necho 127.0.0.1\necho 127.0.0.2\n"  # show hostnames: the "nodes"
+# show hostnames: the "nodes", the second line a moment later (as a long list comes in
+# pieces): a script that stops reading after the first line ends with SIGPIPE under pipefail
+SCONTROL = "#!/bin/bash\necho 127.0.0.1\nsleep 0.2\necho 127.0.0.2\n"
 
 
 def _config(tmp_path: Path, **extra: object) -> RunConfig:

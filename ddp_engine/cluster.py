@@ -24,7 +24,8 @@ def rendezvous_args(cfg: RunConfig) -> list[str]:
         return ["--standalone", "--nnodes", "1"]
     assert cfg.rdzv_endpoint is not None  # RunConfig.validate requires it
     return ["--nnodes", str(cfg.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-            cfg.rdzv_endpoint, "--rdzv-id", cfg.rendezvous_id()]
+            cfg.rdzv_endpoint, "--rdzv-id", cfg.rendezvous_id(),
+            *(["--local-addr", cfg.local_addr.strip()] if cfg.local_addr else [])]
 
 
 def _procs(cfg: RunConfig) -> str:
@@ -41,6 +42,7 @@ def portable_config(cfg: RunConfig) -> RunConfig:
     no fixed run folder (rank 0 names one under runs_dir and tells the others), GPUs chosen
     per node."""
     return dataclasses.replace(cfg, nnodes=1, node_rank=0, rdzv_endpoint=None, rdzv_id=None,
+                               local_addr=None,
                                run_dir=None, dry_run=False, gpus=None,
                                nproc=None if cfg.gpus is not None else cfg.nproc)
 

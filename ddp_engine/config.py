@@ -171,6 +171,10 @@ class RunConfig:
     rdzv_id: str | None = _f("rendezvous id, the same on every node (default: rankscope-<run "
                              "name>)")
     """torchrun's --rdzv-id: nodes with the same id and endpoint form one run."""
+    local_addr: str | None = _f("this node's address as the other nodes reach it (torchrun's "
+                                "--local-addr; default: its host name). With several network "
+                                "interfaces also set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME")
+    """Node 0's is where the ranks' store is: it must be reachable from every node."""
 
     run_dir: str | None = _f("write this run into exactly this folder")
     """Run folder; when unset, ``runs_dir/<name>-<timestamp>``."""
@@ -265,6 +269,10 @@ class RunConfig:
             raise ConfigError(f"rdzv_endpoint: nnodes is {self.nnodes}, so every node needs "
                               "the rendezvous address, HOST:PORT (node 0's host and a free "
                               "port, e.g. node0.example.org:29400)")
+        if self.local_addr is not None and (not self.local_addr.strip() or any(
+                c.isspace() for c in self.local_addr.strip())):
+            raise ConfigError(f"local_addr must be a host name or IP address, got "
+                              f"{self.local_addr!r}")
         if self.rdzv_id is not None and not _NAME_RE.match(self.rdzv_id):
             raise ConfigError(f"rdzv_id: {self.rdzv_id!r} is not allowed; use 1-64 letters, "
                               "digits, '.', '_' or '-', starting with a letter or digit")

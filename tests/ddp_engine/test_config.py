@@ -63,6 +63,7 @@ from tests.conftest import REPO
     ({"rdzv_endpoint": "node0:70000"}, r"rdzv_endpoint must be HOST:PORT .*got 'node0:70000'"),
     ({"rdzv_endpoint": ":29400"}, r"rdzv_endpoint must be HOST:PORT .*got ':29400'"),
     ({"rdzv_id": "my run"}, r"rdzv_id: 'my run' is not allowed"),
+    ({"local_addr": "node 0"}, r"local_addr must be a host name or IP address, got 'node 0'"),
 ])
 def test_bad_values_name_field_value_and_what_is_allowed(changes: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -144,10 +146,12 @@ class LossPanel(QWidget):
 
 
 class PairPanel(QWidget):
-    """Two charts side by side over a caption line."""
+    """Two charts side by side over a caption line, worded by ``caption`` from the store."""
 
-    def __init__(self, left: Chart, right: Chart) -> None:
+    def __init__(self, left: Chart, right: Chart,
+                 caption: Callable[[MetricStore], str]) -> None:
         super().__init__()
+        self._caption = caption
         self.caption = QLabel("")
         # One line, clipped when narrow: a wrapping label makes the dashboard's grid give
         # this row its height first (height-for-width), squeezing the loss charts.
@@ -167,9 +171,6 @@ class PairPanel(QWidget):
         if text != self.caption.text():
             self.caption.setText(text)
 
-    def _caption(self, store: MetricStore) -> str:
-        raise NotImplementedError
-
 
 class DevicePanel(PairPanel):
     """Per GPU: utilization and memory, with temperature and power in the caption; on CPU
@@ -179,7 +180,7 @@ class DevicePanel(PairPanel):
     def __init__(self) -> None:
         self.util = Chart("Utilization", "%")
         self.mem = Chart("Memory", "GiB")
-        super().__init__(self.util, self.mem)
+        super().__init__(self.util, self.mem, self._device_caption)
 
     def redraw(self, store: MetricStore) -> None:
         self.redraw_util(store)
@@ -213,7 +214,7 @@ class DevicePanel(PairPanel):
             util = store.get(rank, "gpu_util_pct" if self._gpu(store, rank) else "cpu_pct")
             self.util.set_data(self._name(store, rank), util.x, util.y, color(rank))
 
-    def _caption(self, store: MetricStore) -> str:
+    def _device_caption(self, store: MetricStore) -> str:
         if store.many_ranks:
             gpu = self._on_gpus(store)
             lo, mid, _hi = store.spread("gpu_util_pct" if gpu else "cpu_pct")
@@ -270,7 +271,7 @@ class SyncPanel(PairPanel):
     def __init__(self) -> None:
         self.sync = Chart("Gradient sync per step", "ms")
         self.share = Chart("Sync share of step time", "%")
-        super().__init__(self.sync, self.share)
+        super().__init__(self.sync, self.share, self._sync_caption)
 
     def redraw(self, store: MetricStore) -> None:
         self.redraw_sync(store)
@@ -294,7 +295,7 @@ class SyncPanel(PairPanel):
             self.sync.set_data(f"rank {rank} exposed", exposed.x, exposed.y * 1e3, color(rank),
                                dashed=True)
 
-    def _caption(self, store: MetricStore) -> str:
+    def _sync_caption(self, store: MetricStore) -> str:
         if store.many_ranks:
             return self._spread_caption(store)
         lines = (self._rank_breakdown(store, rank, f"rank {rank}") for rank in store.ranks())

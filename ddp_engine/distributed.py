@@ -182,7 +182,7 @@ class StopFlag:
         """Use ``side_group`` for the agreement (created after the handlers were installed)."""
         self._group = side_group
 
-    def request(self, reason: str, code: float = 1.0) -> None:
+    def request(self, reason: str, code: float = STOP_ASKED) -> None:
         """Ask for a stop (thread- and signal-safe: attribute assignments). ``code`` above
         STOP_ASKED says the run lost a node's launcher: :data:`LOST_LAUNCHER` + its node."""
         if not self._requested:

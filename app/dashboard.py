@@ -160,6 +160,9 @@ class Dashboard(QWidget):
         self.progress.setValue(min(info.step, max(total, 1)))
         text = (f"step {info.step}/{total or '?'}  epoch {info.epoch}  "
                 f"ETA {fmt_duration(self.store.eta_s())}")
+        took = (info.last_eval or {}).get("eval_s")
+        if isinstance(took, int | float):  # evaluation is work the steps wait for: say it
+            text += f"  last eval (step {info.last_eval.get('step')}) took {took:.1f} s"
         if text != self.progress_label.text():
             self.progress_label.setText(text)
 

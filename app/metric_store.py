@@ -22,7 +22,7 @@ from ddp_engine.run_dir import FINAL_STATES, iter_metrics, read_status
 
 RANK_FIELDS: tuple[str, ...] = (
     "loss", "step_time_s", "samples_per_s", "data_wait_s", "forward_s", "backward_s",
-    "optimizer_s", "sync_time_s", "sync_exposed_s", "sync_bytes", "gpu_util_pct",
+    "optimizer_s", "eval_s", "sync_time_s", "sync_exposed_s", "sync_bytes", "gpu_util_pct",
     "gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_temp_c", "gpu_power_w", "cpu_pct",
     "rss_bytes")
 
@@ -188,6 +188,8 @@ class RunInfo:
     """When metrics last came, and how often they usually do."""
     start_time: float | None = None
     start_step: int = 0
+    last_eval: dict[str, Any] | None = None
+    """The latest "eval" event: its step, val_loss and how long it took (eval_s)."""
 
 
 class MetricStore:
@@ -347,6 +349,7 @@ class MetricStore:
             self.info.start_step = int(e.get("start_step") or 0)
         elif kind == "eval" and e.get("val_loss") is not None:
             self.val_loss.append(float(e.get("step", 0)), e["val_loss"])
+            self.info.last_eval = e
         elif kind in ("stopping", "stopped", "completed", "failed"):
             self.info.state = kind
 

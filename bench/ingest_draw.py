@@ -459,6 +459,7 @@ def plot(results: list[dict[str, Any]], ranks: int, path: Path) -> None:
     from PySide6.QtWidgets import QApplication
 
     from app.charts.base import Chart, color
+    from bench.plotting import save_chart
 
     app = QApplication.instance() or QApplication([])
     chart = Chart(f"{ranks} ranks: the window under load (log-log)", "milliseconds",
@@ -490,12 +491,7 @@ def plot(results: list[dict[str, Any]], ranks: int, path: Path) -> None:
                                       pen=pg.mkPen("#555", style=Qt.PenStyle.DashLine)))
     chart.setXRange(np.log10(min(all_rates) / 1.3), np.log10(max(all_rates) * 1.3), padding=0)
     chart.setYRange(np.log10(min([*values, 16]) / 1.5), np.log10(max(values) * 1.5), padding=0)
-    chart.resize(800, 460)
-    chart.show()
-    app.processEvents()
-    chart.export(path)
-    chart.close()
-    print(f"plot: {path}")
+    save_chart(app, chart, path)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ddp_engine.config import RunConfig, load_config_file
 from ddp_engine.data import build_datasets
 from ddp_engine.models import build_model
+from ddp_engine.trainer import build_optimizer
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     data = build_datasets(cfg)
     model = DDP(build_model(cfg, data.info))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = build_optimizer(cfg, model.parameters())  # the engine's, from the same config
     sampler = DistributedSampler(data.train, num_replicas=world, rank=rank, seed=cfg.seed,
                                  drop_last=True)
     loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)

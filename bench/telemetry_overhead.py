@@ -1,14 +1,29 @@
-"""What monitoring costs: engine with telemetry on, off, and a plain DDP loop, side by side.
+"""What monitoring costs: the engine as users run it, against the plain DDP loop, side by side.
 
-    .venv/bin/python bench/telemetry_overhead.py [--reps 5] [--steps 600] [--nproc 2]
+    .venv/bin/python bench/telemetry_overhead.py [--reps 5] [--variants plain,on,off]
+    .venv/bin/python bench/telemetry_overhead.py --base /path/to/older/checkout   # before/after
+    .venv/bin/python bench/telemetry_overhead.py --sweep [--png docs/overhead_sweep.png]
 
-Each repetition runs the three variants back to back (in a rotating order) on the same model,
-data, batch size and world size, so that the machine's noise hits all three alike. Throughput
-is rank 0's wall clock over steps [warmup, steps): for the engine from the "time" stamps of its
-metrics lines at those steps (log_every divides both), for the plain loop measured the same way
-inside it. Prints each run, then medians and the ratios; and the same ratios from the CPU
-work per sample (every rank's process CPU seconds over those steps), which the machine's
-other tenants disturb far less than wall time.
+The workload (issue 16's): an MLP 256-512-512-10 on 80,000 synthetic samples, batch 64 per
+rank, SGD (lr 0.01, no momentum), 2 CPU ranks with gloo, OMP_NUM_THREADS=1 for every variant,
+600 steps, throughput over steps 150..600. Variants:
+
+- ``plain``: bench/plain_ddp.py, the standard DDP recipe and nothing else, under plain torchrun;
+- ``on``: ``python -m ddp_engine launch`` with the default settings (telemetry on, metrics every
+  10 steps, agreed-stop rounds at most every 5); validation off (``eval_every 0``: the plain
+  loop has none);
+- ``off``: the same with ``--no-telemetry``;
+- ``before``: ``on`` run from the checkout given with ``--base`` (the engine before a change).
+
+Each repetition runs every variant once, back to back, in a rotating order, so that the
+machine's noise hits them alike. Each ratio is taken within a repetition (paired) and reported
+as the median over repetitions with its range; the ratio of the medians is printed beside it.
+Engine throughput comes from the "time" stamps of rank 0's metrics at the two steps; the plain
+loop measures the same steps itself.
+
+``--sweep`` repeats ``plain`` against ``on`` at other step times (model width and batch: about
+3, 5, 9 and 100 ms per step here; a fixed per-step cost shows most at short steps) and, with
+``--png``, plots the ratio against the step time.
 """
 
 from __future__ import annotations
@@ -20,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,86 +45,168 @@ from ddp_engine.config import RunConfig  # noqa: E402
 from ddp_engine.run_dir import iter_metrics  # noqa: E402
 
 
-def engine_run(cfg: RunConfig, telemetry: bool, warmup: int, work: Path) -> tuple[float, float]:
-    run_dir = work / f"engine-{'on' if telemetry else 'off'}-{len(list(work.iterdir()))}"
-    argv = [sys.executable, "-m", "ddp_engine", "launch", "--config", str(work / "bench.json"),
-            "--run-dir", str(run_dir), "--telemetry" if telemetry else "--no-telemetry"]
-    subprocess.run(argv, check=True, capture_output=True, cwd=REPO)
+@dataclass(frozen=True)
+class Workload:
+    hidden: int
+    batch: int
+    steps: int
+    warmup: int
+
+    def config(self, nproc: int) -> RunConfig:
+        return RunConfig(model="mlp", model_args={"hidden": self.hidden, "depth": 2},
+                         dataset="synthetic",
+                         dataset_args={"num_samples": 80_000, "val_samples": 0,
+                                       "input_shape": [256]},
+                         nproc=nproc, device="cpu", max_steps=self.steps, eval_every=0,
+                         batch_size=self.batch, optimizer="sgd", lr=0.01, momentum=0.0)
+
+
+DEFAULT = Workload(hidden=512, batch=64, steps=600, warmup=150)
+SWEEP = (Workload(32, 16, 1600, 400), Workload(384, 64, 1000, 250), DEFAULT,
+         Workload(2816, 64, 80, 20))
+"""About 3, 5, 9 and 100 ms per step on this 2-core machine (3 ms is the shortest a 2-rank gloo
+step gets here: the gradient all-reduce and the data loader alone take that long)."""
+
+
+def engine_run(repo: Path, config: Path, w: Workload, nproc: int, work: Path,
+               *extra: str) -> float:
+    run_dir = work / f"engine-{len(list(work.iterdir()))}"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "ddp_engine", "launch", "--config", str(config),
+                    "--run-dir", str(run_dir), *extra], check=True, capture_output=True,
+                   cwd=repo, env=env)
     reports = {m["step"]: m for m in iter_metrics(run_dir) if m["type"] == "metrics"}
-    assert cfg.max_steps is not None
-    samples = (cfg.max_steps - warmup) * cfg.batch_size * (cfg.nproc or 1)
-    first, last = reports[warmup], reports[cfg.max_steps]
-
-    def cpu(m: dict) -> float:
-        return sum(r["process_cpu_s"] for r in m["ranks"])
-
-    return (samples / (last["time"] - first["time"]),
-            1000 * (cpu(last) - cpu(first)) / samples)
+    samples = (w.steps - w.warmup) * w.batch * nproc
+    return samples / (reports[w.steps]["time"] - reports[w.warmup]["time"])
 
 
-def plain_run(cfg: RunConfig, warmup: int, work: Path) -> tuple[float, float]:
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // (cfg.nproc or 1))),
-               CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
+def plain_run(config: Path, w: Workload, nproc: int) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node", str(cfg.nproc), str(REPO / "bench/plain_ddp.py"),
-                          "--config", str(work / "bench.json"), "--warmup", str(warmup)],
+                          "--nproc-per-node", str(nproc), str(REPO / "bench/plain_ddp.py"),
+                          "--config", str(config), "--warmup", str(w.warmup)],
                          check=True, capture_output=True, text=True, cwd=REPO, env=env).stdout
-    got = json.loads(out.strip().splitlines()[-1])
-    return float(got["samples_per_s"]), float(got["cpu_s_per_ksample"])
+    return float(json.loads(out.strip().splitlines()[-1])["samples_per_s"])
+
+
+def measure(w: Workload, variants: list[str], reps: int, nproc: int,
+            base: Path | None) -> dict[str, list[float]]:
+    """samples/s of each variant in each repetition (rotating order)."""
+    results: dict[str, list[float]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        config = work / "bench.json"
+        config.write_text(w.config(nproc).to_json())
+        for rep in range(reps):
+            k = rep % len(variants)
+            for name in variants[k:] + variants[:k]:
+                if name == "plain":
+                    value = plain_run(config, w, nproc)
+                elif name == "before":
+                    assert base is not None, "--base names the checkout to run as 'before'"
+                    value = engine_run(base, config, w, nproc, work)
+                else:
+                    value = engine_run(REPO, config, w, nproc, work,
+                                       *(["--no-telemetry"] if name == "off" else []))
+                results[name].append(value)
+                print(f"  rep {rep + 1} {name:>6}: {value:10,.0f} samples/s "
+                      f"({1000 * w.batch * nproc / value:.2f} ms/step)", flush=True)
+    return results
+
+
+def paired(results: dict[str, list[float]], a: str, b: str) -> tuple[float, float, float]:
+    """Median, min and max over repetitions of a/b taken within each repetition."""
+    ratios = [x / y for x, y in zip(results[a], results[b], strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def report(results: dict[str, list[float]]) -> None:
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print("  median samples/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in med.items()))
+    ref = "plain" if "plain" in results else next(iter(results))
+    pairs = [(a, ref) for a in results if a != ref]
+    if "on" in results and "before" in results:
+        pairs.append(("on", "before"))
+    if "on" in results and "off" in results:
+        pairs.append(("on", "off"))
+    print("  ratio            paired median (min..max)   ratio of medians")
+    for a, b in pairs:
+        m, lo, hi = paired(results, a, b)
+        print(f"  {a:>6} / {b:<7}  {m:.3f} ({lo:.3f}..{hi:.3f})          "
+              f"{med[a] / med[b]:.3f}")
+
+
+def plot(points: list[dict[str, float]], path: Path) -> None:
+    """The paired ratio on/plain against the plain loop's step time, with its range; drawn
+    with the app's own Chart and saved as PNG."""
+    import numpy as np
+    import pyqtgraph as pg
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    from app.charts.base import Chart, color
+    from bench.plotting import save_chart
+
+    app = QApplication.instance() or QApplication([])
+    chart = Chart("engine with default settings / plain DDP loop (2 CPU ranks)",
+                  "throughput ratio", "plain loop's step time, ms (log)")
+    x = np.log10([p["step_ms"] for p in points])
+    chart.getAxis("bottom").setTicks([[(float(v), f"{p['step_ms']:.1f}")
+                                       for v, p in zip(x, points, strict=True)], []])
+    chart.set_data("paired median", x, np.array([p["median"] for p in points]), color(0),
+                   symbol="o")
+    chart.set_data("min", x, np.array([p["min"] for p in points]), color(1), dashed=True)
+    chart.set_data("max", x, np.array([p["max"] for p in points]), color(2), dashed=True)
+    for level, what in ((1.0, "no cost"), (0.97, "target 0.97")):
+        chart.addItem(pg.InfiniteLine(level, angle=0, label=what,
+                                      labelOpts={"position": 0.1, "color": "#555"},
+                                      pen=pg.mkPen("#555", style=Qt.PenStyle.DashLine)))
+    chart.setXRange(float(x.min()) - 0.1, float(x.max()) + 0.1, padding=0)
+    chart.setYRange(min(0.8, min(p["min"] for p in points) - 0.02),
+                    max(1.1, max(p["max"] for p in points) + 0.02), padding=0)
+    save_chart(app, chart, path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated, of plain, on, off, before (default: plain,on,off "
+                             "and before with --base)")
+    parser.add_argument("--base", type=Path, help="a checkout whose engine runs as 'before'")
+    parser.add_argument("--sweep", action="store_true", help="plain and on at 4 step times")
+    parser.add_argument("--png", type=Path, help="with --sweep: plot the ratios here")
+    parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
-    cfg = RunConfig(model="mlp", model_args={"hidden": args.hidden, "depth": 3},
-                    dataset="synthetic", dataset_args={"num_samples": 16384, "val_samples": 0,
-                                                       "input_shape": [256]},
-                    nproc=args.nproc, device="cpu", max_steps=args.steps, eval_every=0,
-                    batch_size=args.batch_size, log_every=50, checkpoint_every=0)
-    print(f"mlp hidden={args.hidden} depth=3 input=256, batch {args.batch_size}/rank, "
-          f"{args.nproc} CPU ranks (gloo), steps {args.warmup}..{args.steps}, "
-          f"{args.reps} repetitions, {os.cpu_count()} cores")
-    results: dict[str, list[float]] = {"plain": [], "off": [], "on": []}
-    work_per_sample: dict[str, list[float]] = {k: [] for k in results}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        (work / "bench.json").write_text(cfg.to_json())
-        variants = list(results)
-        for rep in range(args.reps):
-            order = variants[rep % 3:] + variants[:rep % 3]
-            for name in order:
-                if name == "plain":
-                    value, cpu = plain_run(cfg, args.warmup, work)
-                else:
-                    value, cpu = engine_run(cfg, name == "on", args.warmup, work)
-                results[name].append(value)
-                work_per_sample[name].append(cpu)
-                print(f"rep {rep + 1} {name:>5}: {value:10,.0f} samples/s  {cpu:6.3f} CPU s per "
-                      "1,000 samples", flush=True)
-    med = {k: statistics.median(v) for k, v in results.items()}
-    print("\nmedian samples/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in med.items()))
-    print("ratio               of medians   median of per-repetition ratios (min..max)")
-    for a, b in (("on", "off"), ("on", "plain"), ("off", "plain")):
-        paired = [x / y for x, y in zip(results[a], results[b], strict=True)]
-        print(f"{a:>5} / {b:<6}      {med[a] / med[b]:.3f}        {statistics.median(paired):.3f} "
-              f"({min(paired):.3f}..{max(paired):.3f})")
-    # The same ratios from the CPU work per sample (every rank's process CPU time): with both
-    # cores busy, throughput is cores / work per sample, and CPU time does not count the time
-    # a rank waited for a core another tenant held, which is most of this machine's noise.
-    cpu_med = {k: statistics.median(v) for k, v in work_per_sample.items()}
-    print("\nmedian CPU s per 1,000 samples: " + ", ".join(f"{k} {v:.3f}"
-                                                         for k, v in cpu_med.items()))
-    print("throughput ratio from CPU work   of medians   median of per-repetition (min..max)")
-    for a, b in (("on", "off"), ("on", "plain"), ("off", "plain")):
-        paired = [y / x for x, y in zip(work_per_sample[a], work_per_sample[b], strict=True)]
-        print(f"{a:>5} / {b:<6}                    {cpu_med[b] / cpu_med[a]:.3f}        "
-              f"{statistics.median(paired):.3f} ({min(paired):.3f}..{max(paired):.3f})")
+    variants = (args.variants.split(",") if args.variants
+                else ["plain", "on", "off"] + (["before"] if args.base else []))
+    workloads = SWEEP if args.sweep else (DEFAULT,)
+    if args.sweep and not args.variants:
+        variants = ["plain", "on"]
+    print(f"{args.nproc} CPU ranks (gloo), OMP_NUM_THREADS=1, {args.reps} repetitions, "
+          f"{os.cpu_count()} cores; variants {', '.join(variants)}")
+    raw, points = [], []
+    for w in workloads:
+        print(f"mlp 256-{w.hidden}-{w.hidden}-10, batch {w.batch}/rank, SGD, steps "
+              f"{w.warmup}..{w.steps}", flush=True)
+        results = measure(w, variants, args.reps, args.nproc, args.base)
+        report(results)
+        raw.append({"workload": w.__dict__, "results": results})
+        if "plain" in results and "on" in results:
+            m, lo, hi = paired(results, "on", "plain")
+            step_ms = 1000 * w.batch * args.nproc / statistics.median(results["plain"])
+            points.append({"step_ms": step_ms, "median": m, "min": lo, "max": hi})
+    if args.sweep:
+        print("\nstep time (plain)   on / plain, paired median (min..max)")
+        for p in points:
+            print(f"  {p['step_ms']:7.1f} ms        {p['median']:.3f} ({p['min']:.3f}.."
+                  f"{p['max']:.3f})")
+        if args.png:
+            plot(points, args.png)
+    if args.json:
+        args.json.write_text(json.dumps(raw, indent=1))
+
 
 if __name__ == "__main__":
     main()

@@ -9,8 +9,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,7 +90,8 @@ class DistContext:
     backend: str
     device: torch.device
     side_group: dist.ProcessGroup
-    """A gloo group for small CPU collectives (stop flag, per-rank stats): no GPU sync."""
+    """A gloo group of its own for small CPU collectives (stop rounds, per-rank stats, the
+    checkpoint's RNG states): no GPU sync, and out of the gradient all-reduces' way."""
 
 
 def init_distributed(device_pref: str, timeout_s: float) -> DistContext:
@@ -107,8 +110,10 @@ def init_distributed(device_pref: str, timeout_s: float) -> DistContext:
     dist.init_process_group(backend=backend, timeout=timeout, rank=info.rank,
                             world_size=info.world_size,
                             device_id=device if backend == "nccl" else None)
-    side = (dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo"
-            else dist.group.WORLD)
+    # A group of its own even on gloo: the agreed-stop rounds run asynchronously beside DDP's
+    # gradient all-reduces, and their own group (own connections and threads) keeps them out
+    # of the gradient buckets' queue.
+    side = dist.new_group(backend="gloo", timeout=timeout)
     assert side is not None
     return DistContext(info=info, backend=backend, device=device, side_group=side)
 
@@ -151,13 +156,44 @@ def lost_launcher_text(node: int) -> str:
 #: Seconds a stop request waits at most for the next agreed-stop check (beyond the step it
 #: arrives in): slow steps are checked more often than every ``stop_check_every`` steps.
 STOP_CHECK_S = 0.5
+#: A round is read one round later (its all-gather runs while the next steps train) unless
+#: that would delay a stop by this much or more: then the rank waits for it at once, a wait
+#: that costs nothing measurable next to steps that long.
+LAG_S = 0.25
+
+
+@dataclass
+class Round:
+    """One agreement: the rows every rank sent after ``step`` (row r is rank r's)."""
+
+    step: int
+    rows: list[list[float]]
+    """[stop code, seconds per step, *report] per rank; the report is empty or all NaN when
+    the round carried none."""
+    reported: bool
+    """Whether the ranks sent a report (the same on every rank: reporting steps are fixed)."""
+    time: float
+    """This rank's ``time.time()`` when it sent its row: when the report was taken."""
+
+    def reports(self) -> list[list[float]]:
+        """Each rank's report fields, row r for rank r."""
+        return [row[2:] for row in self.rows]
 
 
 class StopFlag:
-    """A local stop request (signal, or a command on rank 0) and the all-ranks agreement on it.
+    """A local stop request (signal, or a command on rank 0) and the all-ranks agreement on it,
+    which also carries each rank's report to every rank.
 
-    Ranks call :meth:`agreed` at the same steps; it all-reduces the local flags (MAX) on the CPU
-    side group, so all ranks see the same answer and stop after the same step.
+    Ranks call :meth:`after_step` after every step, with the same arguments' shape (the report
+    on the same steps). At most ``every`` steps apart, and every step once steps are slow, it
+    starts a *round*: an asynchronous all-gather, on the CPU side group, of each rank's stop
+    code, seconds per step and (on reporting steps) report row. The round is read at the next
+    round, by then long finished, so training never waits for it: a stop agreed there makes
+    every rank stop after that same step. A round is read at once (a synchronous wait) when
+    asked to (``flush``: before a checkpoint, at the last step), for the first round, and when
+    steps are so slow that reading it a round later would delay a stop by :data:`LAG_S` or
+    more. The check steps follow from the first step and the slowest rank's step time as the
+    rounds say, so every rank starts and reads rounds at the same steps.
     """
 
     def __init__(self, every: int, side_group: dist.ProcessGroup | None = None) -> None:
@@ -172,11 +208,14 @@ class StopFlag:
         self.failure: str | None = None
         """Set when the agreed stop is a failure: a node's launcher died (the run stops
         cleanly on every rank, and ends failed)."""
-        # [stop code, this rank's seconds per step since the last check], reduced with MAX
-        self._buf = torch.zeros(2, dtype=torch.float64)
-        self._next: int | None = None  # the step of the next check (the same on every rank)
-        self._last = (0, 0.0)  # (step, time.monotonic()) at the last check
-        self.checks = 0  # how many agreements (all-reduces) this flag has taken part in
+        self.stopping = False
+        """Every rank agreed to stop: it stops after the step that read the round."""
+        self._next: int | None = None  # the step of the next round (the same on every rank)
+        self._last = (0, 0.0)  # (step, time.monotonic()) at the last round
+        self._per_step_s: float | None = None  # the slowest rank's, as the last round read said
+        self._pending: tuple[Any, list[torch.Tensor], int, bool, float] | None = None
+        self.rounds: list[int] = []
+        """The steps that started a round (tests and benchmarks read it)."""
 
     def attach(self, side_group: dist.ProcessGroup) -> None:
         """Use ``side_group`` for the agreement (created after the handlers were installed)."""
@@ -234,30 +273,70 @@ class StopFlag:
             return self._every
         return max(1, min(self._every, int(STOP_CHECK_S / per_step_s)))
 
-    def agreed(self, step: int) -> bool:
-        """True on every rank when any rank asked to stop. Ranks call it after every step; it
-        checks (a two-float all-reduce on the CPU side group) at most ``every`` steps apart, and
-        every step once steps take :data:`STOP_CHECK_S` or more. The check steps follow from
-        the first step and the slowest rank's step time (reduced with the flag), so every rank
-        checks at the same steps and all stop after the same one."""
+    def after_step(self, step: int, report: Callable[[], list[float]] | None = None, *,
+                   flush: bool = False) -> list[Round]:
+        """Call after every step, on every rank. ``report`` (given on reporting steps, the same
+        steps on every rank) makes this row's report; it forces a round, as ``flush`` does, and
+        ``flush`` also reads it at once. Returns the rounds read now (oldest first): none, the
+        previous one, and the one started now when it was read at once. After it,
+        :attr:`stopping` says whether every rank stops after this step."""
         now = time.monotonic()
-        if self._next is None:  # the first step: check at the next multiple of every
+        if self._next is None:  # the first step: a round at the next multiple of every
             self._next = -(-step // self._every) * self._every
             self._last = (step, now)
-        if step < self._next:
-            return False
+        if step < self._next and report is None and not flush:
+            return []
+        read = []
+        if self._pending is not None:
+            read.append(self._finish())
+            if self.stopping:
+                return read
         last_step, last_time = self._last
         per_step = (now - last_time) / (step - last_step) if step > last_step else 0.0
-        self._buf[0] = self._code if self._requested else 0.0
-        self._buf[1] = per_step
-        if self._group is not None:
-            dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self._group)
-        self.checks += 1
         self._last = (step, now)
-        self._next = step + self.interval(float(self._buf[1]))
-        code = float(self._buf[0])
-        if code <= 0:
-            return False
+        self._start(step, per_step, report() if report is not None else None)
+        known = self._per_step_s
+        if flush or known is None or self.interval(known) * known >= LAG_S:
+            read.append(self._finish())
+        self._next = step + self.interval(self._per_step_s or 0.0)
+        return read
+
+    def gather(self, step: int, report: list[float]) -> Round:
+        """A round read at once, whatever the schedule (the report of the steps after the
+        last round, when training ends). Every rank calls it at the same point."""
+        if self._pending is not None:
+            self._finish()
+        self._start(step, 0.0, report)
+        return self._finish()
+
+    def _start(self, step: int, per_step_s: float, report: list[float] | None) -> None:
+        code = self._code if self._requested else 0.0
+        row = torch.tensor([code, per_step_s, *(report or [])], dtype=torch.float64)
+        world = 1 if self._group is None else dist.get_world_size(self._group)
+        if world == 1:
+            work, rows = None, [row]
+        else:
+            rows = [torch.empty_like(row) for _ in range(world)]
+            work = dist.all_gather(rows, row, group=self._group, async_op=True)
+        self.rounds.append(step)
+        self._pending = (work, rows, step, report is not None, time.time())
+
+    def _finish(self) -> Round:
+        """Wait for the pending round and act on it: the stop, and the pace of the next."""
+        assert self._pending is not None
+        work, tensors, step, reported, when = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
+        rows = [t.tolist() for t in tensors]
+        self._per_step_s = max(r[1] for r in rows)
+        code = max(r[0] for r in rows)
+        if code > 0 and not self.stopping:
+            self._agree(code)
+        return Round(step, rows, reported, when)
+
+    def _agree(self, code: float) -> None:
+        self.stopping = True
         if self._watchdog is not None:  # agreed: from here on the stop is not stuck
             self._arm_watchdog(*self._watchdog.args)  # type: ignore[arg-type]
         if code >= LOST_LAUNCHER:
@@ -268,7 +347,6 @@ class StopFlag:
             if not self._requested:
                 self.request(asked)
         self._requested = True
-        return True
 
     def _asker_reason(self) -> str:
         """Why the run stops, as the lowest rank that asked says. Every rank calls it once,
@@ -300,14 +378,3 @@ def rank_places(info: DistInfo, group: dist.ProcessGroup | None) -> list[dict[st
     places: list[dict[str, object] | None] = [None] * info.world_size
     dist.all_gather_object(places, mine, group=group)
     return [p if p is not None else {} for p in places]
-
-
-def all_gather_rows(values: list[float], group: dist.ProcessGroup | None,
-                    world_size: int) -> list[list[float]]:
-    """Gather one row of floats from every rank (on the CPU side group); row r is rank r's."""
-    row = torch.tensor(values, dtype=torch.float64)
-    if group is None or world_size == 1:
-        return [row.tolist()]
-    rows = [torch.empty_like(row) for _ in range(world_size)]
-    dist.all_gather(rows, row, group=group)
-    return [r.tolist() for r in rows]

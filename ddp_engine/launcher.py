@@ -220,8 +220,20 @@ class RunMonitor(threading.Thread):
         Returns True if anything was new."""
         self._remember_processes(force=scan_processes)
         new = self.tail.poll()
+        # Of consecutive metrics, only the latest is printed and written to status.json: a
+        # poll's worth of reports costs one write (on a machine whose every core trains).
+        latest = None
         for msg in new:
+            if msg.get("type") == "metrics":
+                self.clock.tick(float(msg.get("time") or time.time()))
+                latest = msg
+                continue
+            if latest is not None:
+                self._progress(latest)
+                latest = None
             self._handle(msg)
+        if latest is not None:
+            self._progress(latest)
         if self.node_rank:
             self._beats()
         else:
@@ -290,16 +302,17 @@ class RunMonitor(threading.Thread):
             self._print(f"training: {msg.get('world_size')} ranks ({msg.get('backend')}), "
                         f"{self.total_steps} steps, {msg.get('steps_per_epoch')} per epoch, "
                         f"from step {msg.get('start_step')}")
-        elif kind == "metrics":
-            self._progress(msg)
         elif kind == "epoch_start":
             self.status.update(epoch=msg.get("epoch"))
         elif kind == "eval":
             extra = (f", accuracy {_fmt(msg['val_accuracy'])}" if "val_accuracy" in msg else "")
+            took = (f" (took {msg['eval_s']:.1f} s)"
+                    if isinstance(msg.get("eval_s"), int | float) else "")
             self._print(f"eval at step {msg.get('step')}: val loss {_fmt(msg.get('val_loss'))}"
-                        f"{extra}")
+                        f"{extra}{took}")
             self.status.update(last_eval={k: msg.get(k) for k in
-                                          ("step", "val_loss", "val_accuracy") if k in msg})
+                                          ("step", "val_loss", "val_accuracy", "eval_s")
+                                          if k in msg})
         elif kind == "checkpoint_saved":
             paths = msg.get("paths") or []
             self.status.update(checkpoint=paths[0] if paths else None)
@@ -312,7 +325,6 @@ class RunMonitor(threading.Thread):
 
     def _progress(self, msg: dict[str, Any]) -> None:
         step = int(msg.get("step", 0))
-        self.clock.tick(float(msg.get("time") or time.time()))
         self._stall_printed = 0.0
         self.last_step = step
         self.status.update(step=step, epoch=msg.get("epoch"), last_metrics=msg)

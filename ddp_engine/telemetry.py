@@ -1,8 +1,9 @@
 """What rank 0 publishes: metrics.jsonl, and the live server that viewers attach to.
 
-Training never waits for a viewer: :meth:`Telemetry.publish` appends to the history and to each
-viewer's bounded send buffer under a lock and returns; a server thread does all socket I/O.
-A viewer whose buffer would exceed its bound is dropped (counted and logged).
+Training never waits for a viewer, nor for the disk: :meth:`Telemetry.publish` stamps the
+message, queues it and returns; the telemetry thread encodes it, appends it to metrics.jsonl,
+keeps it in the history and adds it to each viewer's bounded send buffer, and does all socket
+I/O. A viewer whose buffer would exceed its bound is dropped (counted and logged).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -107,56 +109,76 @@ class Telemetry:
         self.dropped_viewers = 0
         self._warnings: list[str] = []  # published as "warning" events after the current message
         self.token = secrets.token_urlsafe(24)
-        self._thread: threading.Thread | None = None
+        self._queue: deque[dict[str, Any] | threading.Event] = deque()
+        self._write_error: OSError | None = None  # from the thread; raised once by publish
+        self._write_error_raised = False
         self._closing = False
-        if port is None:
-            return
         self._sel = selectors.DefaultSelector()
-        try:
-            self._listener = socket.create_server(("127.0.0.1", port))
-        except OSError as e:  # taken between the launcher's check and now
-            raise OSError(e.errno, f"monitor_port: port {port} on 127.0.0.1 is not free "
-                          f"({e.strerror}); choose another, or 0 for a free one") from None
-        self._listener.setblocking(False)
-        self._sel.register(self._listener, selectors.EVENT_READ, "listen")
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self.port = self._listener.getsockname()[1]
-        atomic_write_json(run_dir / MONITOR_FILE, {
-            "host": "127.0.0.1", "port": self.port, "token": self.token, "pid": os.getpid(),
-            "hostname": socket.gethostname(), "started": time.time()})
-        os.chmod(run_dir / MONITOR_FILE, 0o600)
+        self._listener: socket.socket | None = None
+        if port is not None:
+            self._listen(port)
         self._thread = threading.Thread(target=self._serve, name="rankscope-telemetry",
                                         daemon=True)
         self._thread.start()
 
+    def _listen(self, port: int) -> None:
+        try:
+            listener = socket.create_server(("127.0.0.1", port))
+        except OSError as e:  # taken between the launcher's check and now
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            self._writer.close()
+            raise OSError(e.errno, f"monitor_port: port {port} on 127.0.0.1 is not free "
+                          f"({e.strerror}); choose another, or 0 for a free one") from None
+        listener.setblocking(False)
+        self._sel.register(listener, selectors.EVENT_READ, "listen")
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        atomic_write_json(self.run_dir / MONITOR_FILE, {
+            "host": "127.0.0.1", "port": self.port, "token": self.token, "pid": os.getpid(),
+            "hostname": socket.gethostname(), "started": time.time()})
+        os.chmod(self.run_dir / MONITOR_FILE, 0o600)
+
     # ----------------------------------------------------------------- training-thread side
     def publish(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Stamp ``message`` with "time", record it, and queue it for every viewer."""
+        """Stamp ``message`` with "time" (unless it has one) and queue it for metrics.jsonl
+        and every viewer. Costs the caller a dict and a wake-up, never a write.
+
+        Raises:
+            OSError: once, the first time after metrics.jsonl could not be appended to (a
+                full disk), naming the file; the run's record is incomplete from there.
+        """
         message = {"type": message["type"], "time": time.time(),
-                   **{k: _finite(v) for k, v in message.items() if k != "type"}}
-        line = encode(message)
-        self._writer.write_line(line)
-        with self._lock:
-            self._track_status(message)
-            self._history.append(line)
-            if len(self._history) > 2 * self._history_max:  # amortized trim of the oldest
-                cut = len(self._history) - self._history_max
-                del self._history[:cut]
-                self._history_base += cut
-            for fd, v in list(self._viewers.items()):
-                if v.authed and not v.dropped and not v.replaying:
-                    if len(v.outbuf) + len(line) > v.limit:
-                        self._drop(fd, v, "its send buffer is full (it stopped reading)")
-                    else:
-                        v.outbuf += line
-            warnings, self._warnings = self._warnings, []
+                   **{k: v for k, v in message.items() if k != "type"}}
+        self._queue.append(message)
         self._wake()
-        for text in warnings:
-            self.publish({"type": "event", "kind": "warning", "message": text})
+        self._raise_write_error()
         return message
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until everything published so far is written and queued for the viewers.
+        Returns False on a time-out.
+
+        Raises:
+            OSError: as :meth:`publish`.
+        """
+        done = threading.Event()
+        self._queue.append(done)
+        self._wake()
+        ok = done.wait(timeout_s)
+        self._raise_write_error()
+        return ok
+
+    def _raise_write_error(self) -> None:
+        error = self._write_error
+        if error is not None and not self._write_error_raised:
+            self._write_error_raised = True
+            raise error
 
     def _track_status(self, message: dict[str, Any]) -> None:
         kind = message.get("kind") if message["type"] == "event" else message["type"]
@@ -167,34 +189,70 @@ class Telemetry:
             self._status["state"] = kind
 
     def close(self) -> None:
-        """Send what is queued (briefly), close every viewer and the listener."""
+        """Write what is queued, send it to the viewers (briefly), close every viewer and the
+        listener."""
         self._closing = True
-        if self._thread is not None:
-            self._wake()
-            self._thread.join(timeout=5)
+        self._wake()
+        self._thread.join(timeout=5)
         self._writer.close()
 
     def _wake(self) -> None:
-        if self._thread is not None:
-            try:
-                self._wake_w.send(b"x")
-            except OSError:  # the pipe is full: the server is awake anyway
-                pass
+        try:
+            self._wake_w.send(b"x")
+        except OSError:  # the pipe is full (the thread is awake anyway) or closed
+            pass
 
-    # ------------------------------------------------------------------ server-thread side
+    # ------------------------------------------------------------------ telemetry-thread side
+    def _drain(self, most: int | None = 64) -> None:
+        """What was published (``most`` messages at a time, so that sending to the viewers
+        keeps pace with a burst): encoded, written, kept and queued for the viewers."""
+        while self._queue and (most is None or most > 0):
+            if most is not None:
+                most -= 1
+            item = self._queue.popleft()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            message = {k: _finite(v) for k, v in item.items()}
+            line = encode(message)
+            try:
+                self._writer.write_line(line)
+            except OSError as e:
+                log.error("%s", e)
+                self._write_error = e
+            with self._lock:
+                self._track_status(message)
+                self._history.append(line)
+                if len(self._history) > 2 * self._history_max:  # amortized trim of the oldest
+                    cut = len(self._history) - self._history_max
+                    del self._history[:cut]
+                    self._history_base += cut
+                for fd, v in list(self._viewers.items()):
+                    if v.authed and not v.dropped and not v.replaying:
+                        if len(v.outbuf) + len(line) > v.limit:
+                            self._drop(fd, v, "its send buffer is full (it stopped reading)")
+                        else:
+                            v.outbuf += line
+                warnings, self._warnings = self._warnings, []
+            for text in warnings:
+                self._queue.append({"type": "event", "time": time.time(), "kind": "warning",
+                                    "message": text})
+
     def _serve(self) -> None:
         drain_deadline: float | None = None
         try:
             while True:
+                self._drain()
                 if self._closing:
                     if drain_deadline is None:
                         drain_deadline = time.monotonic() + 2.0
                     with self._lock:
                         pending = any(v.outbuf for v in self._viewers.values())
-                    if not pending or time.monotonic() > drain_deadline:
+                    if (not pending and not self._queue) or time.monotonic() > drain_deadline:
+                        self._drain(most=None)  # the file gets everything, viewers or not
                         break
                 self._update_interest()
-                for key, mask in self._sel.select(timeout=0.5):
+                for key, mask in self._sel.select(timeout=0 if self._queue else 0.5):
                     if key.data == "listen":
                         self._accept()
                     elif key.data == "wake":
@@ -213,7 +271,8 @@ class Telemetry:
                 for fd, v in list(self._viewers.items()):
                     self._forget(fd, v)
             self._sel.close()
-            self._listener.close()
+            if self._listener is not None:
+                self._listener.close()
             self._wake_r.close()
             self._wake_w.close()
 
@@ -243,6 +302,7 @@ class Telemetry:
             v.limit = len(v.outbuf) + self._buffer_bytes
 
     def _accept(self) -> None:
+        assert self._listener is not None
         try:
             sock, addr = self._listener.accept()
         except OSError:

@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.data import DataBundle, build_datasets, make_loader
 from ddp_engine.device_sampler import KEYS as DEVICE_KEYS
 from ddp_engine.device_sampler import DeviceSampler
-from ddp_engine.distributed import DistContext, StopFlag, all_gather_rows, rank_places
+from ddp_engine.distributed import DistContext, Round, StopFlag, rank_places
 from ddp_engine.heartbeat import Heartbeat
 from ddp_engine.losses import build_loss
 from ddp_engine.models import build_model
@@ -35,7 +35,8 @@ log = logging.getLogger("ddp_engine.trainer")
 
 TIMING_FIELDS: tuple[str, ...] = ("data_wait_s", "forward_s", "backward_s", "optimizer_s",
                                   "sync_time_s", "sync_exposed_s", "sync_bytes", "sync_buckets")
-REPORT_FIELDS: tuple[str, ...] = ("loss", "samples_per_s", "step_time_s", *TIMING_FIELDS,
+REPORT_FIELDS: tuple[str, ...] = ("loss", "samples_per_s", "step_time_s", "eval_s",
+                                  *TIMING_FIELDS,
                                   *DEVICE_KEYS, "process_cpu_s", "local_rank", "on_cuda")
 """Per-rank values gathered to rank 0 at each log interval, in this order (NaN for None)."""
 
@@ -47,6 +48,16 @@ class Position:
     step: int = 0
     epoch: int = 0
     step_in_epoch: int = 0
+
+
+def build_optimizer(cfg: RunConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer ``cfg`` names (sgd, adam or adamw) with its lr, momentum and decay."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 class Trainer:
@@ -87,7 +98,7 @@ class Trainer:
                     if on_cuda and cfg.telemetry else None)
         self.device_sampler = (DeviceSampler(self.device.type, ctx.info.local_rank, gpu_uuid)
                                if cfg.telemetry else None)
-        self.optimizer = self._make_optimizer()
+        self.optimizer = build_optimizer(cfg, self.model.parameters())
         self.loss_fn = build_loss(cfg.loss)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
@@ -128,16 +139,6 @@ class Trainer:
                 self.cfg, dataset_args={**self.cfg.dataset_args, "download": False}))
         return data
 
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        params = self.model.parameters()
-        cfg = self.cfg
-        if cfg.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                                   weight_decay=cfg.weight_decay)
-        if cfg.optimizer == "adam":
-            return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
     def _resume(self, path: str) -> None:
         # On the CPU: load_state_dict moves tensors to the parameters' devices, and RNG states
         # must stay CPU byte tensors.
@@ -175,7 +176,8 @@ class Trainer:
                          nnodes=len({p.get("node") for p in self.places}),
                          hosts=sorted({str(p.get("host")) for p in self.places}))
         outcome = "completed"
-        interval = _Interval(self.device)
+        interval = _Interval()
+        self.model.train()
         while self.pos.step < self.total_steps:
             self.sampler.set_epoch(self.pos.epoch)
             self.sampler.skip(self.pos.step_in_epoch * cfg.grad_accum * cfg.batch_size)
@@ -191,26 +193,26 @@ class Trainer:
                 self.pos.step_in_epoch += 1
                 interval.add(loss, cfg.batch_size * cfg.grad_accum)
                 step = self.pos.step
+                last = step >= self.total_steps
                 checkpoint_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
-                # A checkpoint step is a reporting step too: the loss is checked before the
-                # weights are saved, so a NaN never reaches last.pt.
-                if step % cfg.log_every == 0 or step == self.total_steps or checkpoint_due:
-                    self._phase("report")
-                    bad = self._report(interval)
-                    if bad and self._nonfinite(bad):
-                        outcome = "stopped"
-                        break
+                # A checkpoint step is a reporting step too, read at once: the loss is checked
+                # before the weights are saved, so a NaN never reaches last.pt.
+                report_due = step % cfg.log_every == 0 or last or checkpoint_due
+                self._phase("stop_check")
+                rounds = self.stop.after_step(
+                    step, (lambda: self._row(interval)) if report_due else None,
+                    flush=checkpoint_due or last)
+                if self._publish(rounds) or self.stop.stopping:
+                    outcome = "stopped"
+                    break
                 if checkpoint_due:
                     self._phase("checkpoint")
                     self.save_checkpoint(periodic=True)
                 if self.val_loader is not None and cfg.eval_every and step % cfg.eval_every == 0:
                     self._phase("eval")
-                    self.evaluate()
-                self._phase("stop_check")
-                if self.stop.agreed(step):
-                    outcome = "stopped"
-                    break
-                if step >= self.total_steps:
+                    interval.eval_s += self.evaluate()["eval_s"]  # work the steps waited for
+                    self.model.train()
+                if last:
                     break
             if outcome == "stopped":
                 break
@@ -218,9 +220,7 @@ class Trainer:
                 self.pos.epoch += 1
                 self.pos.step_in_epoch = 0
         if interval.steps and not self._poisoned:  # the steps since the last report
-            bad = self._report(interval)
-            if bad:
-                self._nonfinite(bad)
+            self._publish([self.stop.gather(self.pos.step, self._row(interval))])
         if outcome == "stopped":
             self._emit_event("stopping", step=self.pos.step, reason=self.stop.reason)
         elif self.val_loader is not None and self._last_eval_step != self.pos.step:
@@ -231,28 +231,34 @@ class Trainer:
         return outcome
 
     def _train_step(self, batches: Iterator[Any]) -> torch.Tensor:
-        """One optimizer step over grad_accum micro-batches; returns the mean loss (on device)."""
+        """One optimizer step over grad_accum micro-batches; returns the mean loss (on device,
+        detached). Per-step work only: what can wait for a reporting step, waits."""
         cfg = self.cfg
         timer = self.timer
-        self.model.train()
-        total = torch.zeros((), device=self.device)
-        for micro in range(cfg.grad_accum):
+        accum = cfg.grad_accum
+        on_cpu = self.device.type == "cpu"
+        total: torch.Tensor | None = None
+        for micro in range(accum):
             self._phase("data")
             t0 = time.perf_counter()
             x, y = next(batches)
             if timer is not None:
                 timer.add_data_wait(time.perf_counter() - t0)
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
-            last = micro == cfg.grad_accum - 1
+            if not on_cpu:
+                x = x.to(self.device, non_blocking=True)
+                y = y.to(self.device, non_blocking=True)
+            last = micro == accum - 1
             # no_sync skips the gradient all-reduce on all but the last micro-step.
-            sync_ctx = contextlib.nullcontext() if last else self.model.no_sync()
-            with sync_ctx:
+            with contextlib.nullcontext() if last else self.model.no_sync():
                 self._phase("forward")
                 s0 = timer.stamp() if timer is not None else None
-                with torch.autocast(self.device.type, dtype=self.autocast_dtype,
-                                    enabled=self.autocast_dtype is not None):
-                    loss = self.loss_fn(self.model(x), y) / cfg.grad_accum
+                if self.autocast_dtype is None:
+                    loss = self.loss_fn(self.model(x), y)
+                else:
+                    with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+                        loss = self.loss_fn(self.model(x), y)
+                if accum > 1:
+                    loss = loss / accum
                 s1 = timer.stamp() if timer is not None else None
                 self._phase("backward")  # ends waiting for the gradient all-reduce
                 if self.scaler is not None:
@@ -265,7 +271,8 @@ class Trainer:
                     timer.phase("backward", s1, s2)
                     if last:
                         timer.mark_backward_end(s2)
-            total += loss.detach().float()
+            part = loss.detach()
+            total = part if total is None else total + part
         s3 = timer.stamp() if timer is not None else None
         self._phase("optimizer")
         if cfg.grad_clip is not None:
@@ -281,6 +288,7 @@ class Trainer:
         if timer is not None:
             timer.phase("optimizer", s3, timer.stamp())
             timer.end_step()
+        assert total is not None
         return total
 
     # ------------------------------------------------------------------------------ reporting
@@ -295,28 +303,27 @@ class Trainer:
         return (f"checkpoints/last.pt (step {last}) is kept" if last is not None
                 else "no checkpoint was saved before it")
 
-    def _nonfinite(self, bad: dict[int, float]) -> bool:
-        """A rank's loss was NaN or infinite in the last interval: warn, and (policy "stop")
-        stop. Every rank decides from the same gathered rows, so all stop at this step without
-        another collective. Returns True to stop."""
+    def _nonfinite(self, bad: dict[int, float], at: int) -> bool:
+        """A rank's loss was NaN or infinite in the interval up to step ``at``: warn, and
+        (policy "stop") stop. Every rank decides from the same gathered rows, so all stop at
+        this step without another collective. Returns True to stop."""
         where = ", ".join(f"rank {r}: {v}" for r, v in sorted(bad.items()))
         stop = self.cfg.nonfinite_loss == "stop"
-        message = (f"non-finite loss at step {self.pos.step} ({where})"
-                   + (f": stopping; {self._kept()}" if stop else ": training goes on "
-                      "(--nonfinite-loss warn)"))
-        self._emit_event("warning", step=self.pos.step, message=message,
+        message = (f"non-finite loss at step {at} ({where})"
+                   + (f": stopping at step {self.pos.step}; {self._kept()}" if stop
+                      else ": training goes on (--nonfinite-loss warn)"))
+        self._emit_event("warning", step=at, message=message,
                          ranks=sorted(bad), cause="nonfinite_loss")
         if stop:
             self._poisoned = True
             self.stop.request(message)
         return stop
 
-    def _report(self, interval: _Interval) -> dict[int, float]:
-        """Gather every rank's interval stats on the CPU side group; rank 0 writes them.
-        Returns the ranks whose mean loss over the interval was not finite (the same answer
-        on every rank)."""
-        values: dict[str, float | None] = dict(interval.take())  # loss.item(): a sync point,
-        # on reporting steps only
+    def _row(self, interval: _Interval) -> list[float]:
+        """This rank's report since the last one, as floats in REPORT_FIELDS order (NaN for
+        None). Taken on reporting steps only."""
+        values: dict[str, float | None] = dict(interval.take())  # the loss's .item(): a
+        # host-device sync point, on reporting steps only
         values.update(self.timer.collect() if self.timer is not None
                       else dict.fromkeys(TIMING_FIELDS))
         values.update(self.device_sampler.latest() if self.device_sampler is not None
@@ -324,12 +331,27 @@ class Trainer:
         values["process_cpu_s"] = time.process_time()  # CPU work so far: what a cost costs
         values["local_rank"] = self.ctx.info.local_rank
         values["on_cuda"] = 1.0 if self.device.type == "cuda" else 0.0
-        row = [math.nan if values[k] is None else float(values[k] or 0.0) for k in REPORT_FIELDS]
-        rows = all_gather_rows(row, self.ctx.side_group, self.world)
-        loss_at = REPORT_FIELDS.index("loss")
-        bad = {r: got[loss_at] for r, got in enumerate(rows) if not math.isfinite(got[loss_at])}
-        if self.telemetry is None:
-            return bad
+        return [math.nan if values[k] is None else float(values[k] or 0.0) for k in REPORT_FIELDS]
+
+    def _publish(self, rounds: list[Round]) -> bool:
+        """Act on the reports the agreed-stop rounds brought: rank 0 publishes them; every rank
+        checks the losses (the same rows everywhere, so every rank decides alike, without
+        another collective). Returns True to stop for a non-finite loss."""
+        for done in rounds:
+            if not done.reported:
+                continue
+            rows = done.reports()
+            loss_at = REPORT_FIELDS.index("loss")
+            bad = {r: got[loss_at] for r, got in enumerate(rows)
+                   if not math.isfinite(got[loss_at])}
+            if self.telemetry is not None:
+                self._publish_metrics(done, rows)
+            if bad and self._nonfinite(bad, done.step):
+                return True
+        return False
+
+    def _publish_metrics(self, done: Round, rows: list[list[float]]) -> None:
+        assert self.telemetry is not None
         ranks = []
         for r, gathered in enumerate(rows):
             got = dict(zip(REPORT_FIELDS, gathered, strict=True))
@@ -341,9 +363,15 @@ class Trainer:
             entry["device"] = f"cuda:{int(got['local_rank'])}" if got["on_cuda"] else "cpu"
             entry.update(self.places[r])  # host, node, local_rank
             ranks.append(entry)
-        self.telemetry.publish({"type": "metrics", "step": self.pos.step, "epoch": self.pos.epoch,
-                           "total_steps": self.total_steps, "ranks": ranks})
-        return bad
+        # Stamped when the rows were taken, not when the round was read (a round later).
+        self.telemetry.publish({"type": "metrics", "time": done.time, "step": done.step,
+                                "epoch": self._epoch_at(done.step),
+                                "total_steps": self.total_steps, "ranks": ranks})
+
+    def _epoch_at(self, step: int) -> int:
+        """The epoch of a step this run trained (the report of a round read later names the
+        epoch of its own step)."""
+        return (step - 1) // self.steps_per_epoch if step > 0 else 0
 
     def _emit_event(self, kind: str, **fields: Any) -> None:
         if self.telemetry is not None:
@@ -351,8 +379,10 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Validation loss (and accuracy for classification) over all ranks' shards."""
+        """Validation loss (and accuracy for classification) over all ranks' shards, and how
+        long it took (``eval_s``, this rank's seconds)."""
         assert self.val_loader is not None
+        started = time.perf_counter()
         self.model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss*n, correct, n
         for x, y in self.val_loader:
@@ -372,6 +402,7 @@ class Trainer:
         result = {"val_loss": sums[0].item() / total}
         if self.data.info.task == "classification":
             result["val_accuracy"] = sums[1].item() / total
+        result["eval_s"] = time.perf_counter() - started
         self._last_eval_step = self.pos.step
         self._emit_event("eval", step=self.pos.step, epoch=self.pos.epoch, **result)
         return result
@@ -420,28 +451,32 @@ class Trainer:
 
 
 class _Interval:
-    """Loss and throughput since the last report, kept on device between reports."""
+    """Loss and throughput since the last report: the losses stay on the device, unread,
+    until a reporting step sums them (one host-device sync per report, none per step)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.loss_sum = torch.zeros((), device=device)
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
         self.steps = 0
         self.samples = 0
+        self.eval_s = 0.0  # evaluations in the interval: in its step time, and said apart
         self.start = time.perf_counter()
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
-        self.loss_sum += loss
+        self.losses.append(loss)
         self.steps += 1
         self.samples += samples
 
     def take(self) -> dict[str, float]:
-        loss = self.loss_sum.item() / max(self.steps, 1)
+        total = torch.stack(self.losses).float().sum().item() if self.losses else math.nan
+        loss = total / max(self.steps, 1)
         now = time.perf_counter()
         elapsed = max(now - self.start, 1e-9)
         out = {"loss": loss, "samples_per_s": self.samples / elapsed,
-               "step_time_s": elapsed / max(self.steps, 1)}
-        self.loss_sum.zero_()
+               "step_time_s": elapsed / max(self.steps, 1),
+               "eval_s": self.eval_s / max(self.steps, 1)}
+        self.losses = []
         self.steps = self.samples = 0
+        self.eval_s = 0.0
         self.start = now
         return out
 

@@ -266,7 +266,8 @@ class SyncPanel(PairPanel):
     step-time breakdown of the last interval (the caption, which goes with the sync chart)."""
 
     BREAKDOWN = (("data_wait_s", "data"), ("forward_s", "fwd"), ("backward_s", "bwd"),
-                 ("sync_exposed_s", "exposed sync"), ("optimizer_s", "opt"))
+                 ("sync_exposed_s", "exposed sync"), ("optimizer_s", "opt"),
+                 ("eval_s", "eval"))
 
     def __init__(self) -> None:
         self.sync = Chart("Gradient sync per step", "ms")
@@ -319,7 +320,8 @@ class SyncPanel(PairPanel):
     def _breakdown(cls, who: str, total: float | None, last: dict[str, float | None]) -> \
             str | None:
         parts = [f"{label} {v * 1e3:.1f}" for key, label in cls.BREAKDOWN
-                 if (v := last[key]) is not None and np.isfinite(v)]
+                 if (v := last[key]) is not None and np.isfinite(v)
+                 and (v or key != "eval_s")]  # eval: only in the intervals that had one
         return f"{who} step {total * 1e3:.1f} ms = " + ", ".join(parts) if parts and total \
             else None
 

@@ -97,3 +97,20 @@ def test_the_labels_take_new_text_every_labels_s_and_catch_up(qtbot) -> None:
     dash.timer.start()
     qtbot.waitUntil(lambda: dash.labels_version == store.version, timeout=10_000)
     assert dash.progress_label.text().startswith("step 29/")
+
+
+def test_evaluation_time_is_said_in_the_progress_line_and_the_step_breakdown(qtbot) -> None:
+    dash = _dashboard(qtbot)
+    store = dash.store
+    _report(store, 1, ranks=1)
+    dash.redraw(budget_s=None)
+    assert "last eval" not in dash.progress_label.text()
+    assert " eval " not in dash.sync.caption.text()  # no evaluation in the interval: not named
+    store.add({"type": "event", "kind": "eval", "time": 2.0, "step": 2, "val_loss": 0.5,
+               "eval_s": 1.25})
+    rows = rank_rows(1, 3)
+    rows[0]["eval_s"] = 0.004  # the evaluation's time per step of the interval it fell in
+    store.add({"type": "metrics", "time": 3.0, "step": 3, "ranks": rows})
+    dash.redraw(budget_s=None)
+    assert dash.progress_label.text().endswith("last eval (step 2) took 1.2 s")
+    assert dash.sync.caption.text().endswith("opt 1.0, eval 4.0")

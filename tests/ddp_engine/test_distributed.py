@@ -26,7 +26,6 @@ def _rank(rank: int, port: int, slow_s: float, out: str, lost: bool = False) -> 
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         flag = StopFlag(5, dist.group.WORLD)
-        checks: list[int] = []
         stopped = None
         for step in range(1, 40):
             if rank == 1:
@@ -35,15 +34,12 @@ def _rank(rank: int, port: int, slow_s: float, out: str, lost: bool = False) -> 
                 flag.request("test")
             if rank == 1 and step == 8 and lost:
                 flag.request("orphaned", LOST_LAUNCHER + 1)
-            before = flag.checks
-            if flag.agreed(step):
+            flag.after_step(step)
+            if flag.stopping:
                 stopped = step
-            if flag.checks != before:
-                checks.append(step)
-            if stopped is not None:
                 break
         Path(out, f"rank{rank}.json").write_text(json.dumps({
-            "checks": checks, "stopped": stopped, "reason": flag.reason,
+            "rounds": flag.rounds, "stopped": stopped, "reason": flag.reason,
             "failure": flag.failure}))
     finally:
         dist.destroy_process_group()
@@ -58,17 +54,21 @@ def _run(tmp_path: Path, slow_s: float, lost: bool = False) -> list[dict]:
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-def test_fast_steps_are_checked_every_n_steps(tmp_path: Path) -> None:
+def test_fast_steps_are_checked_every_n_steps_and_read_a_round_later(tmp_path: Path) -> None:
     ranks = _run(tmp_path, slow_s=0.0)
-    assert ranks[0] == ranks[1]  # the same check steps, the same stop step, the same reason
-    assert ranks[0] == {"checks": [5, 10], "stopped": 10, "reason": "test", "failure": None}
+    assert ranks[0] == ranks[1]  # the same rounds, the same stop step, the same reason
+    # the first round is read at once; later ones at the next round, so the request made
+    # before step 8 goes out with round 10, which is read, and agreed, at step 15
+    assert ranks[0] == {"rounds": [5, 10], "stopped": 15, "reason": "test",
+                        "failure": None}
 
 
 def test_slow_steps_on_one_rank_are_checked_every_step_on_all(tmp_path: Path) -> None:
     ranks = _run(tmp_path, slow_s=0.3)
     assert ranks[0] == ranks[1]
     # from the first check on, the slowest rank's 0.3 s per step sets the pace: every step
-    assert ranks[0] == {"checks": [5, 6, 7, 8], "stopped": 8, "reason": "test", "failure": None}
+    # (each round read at once: a round later would delay a stop by 0.3 s, over LAG_S)
+    assert ranks[0] == {"rounds": [5, 6, 7, 8], "stopped": 8, "reason": "test", "failure": None}
 
 
 @pytest.mark.parametrize(("per_step_s", "steps"), [(0.0, 5), (0.01, 5), (STOP_CHECK_S / 3.5, 3),
@@ -80,7 +80,7 @@ def test_the_check_interval_is_at_most_every_and_about_stop_check_s(per_step_s: 
 
 def test_a_lost_launcher_stops_every_rank_as_a_failure_naming_its_node(tmp_path: Path) -> None:
     ranks = _run(tmp_path, 0.0, lost=True)
-    assert ranks[0]["stopped"] == ranks[1]["stopped"] == 10
+    assert ranks[0]["stopped"] == ranks[1]["stopped"] == 15
     assert [r["failure"] for r in ranks] == ["the launcher of node 1 died"] * 2
     assert [r["reason"] for r in ranks] == ["the launcher of node 1 died"] * 2
 

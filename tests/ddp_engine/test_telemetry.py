@@ -246,9 +246,11 @@ def test_a_full_disk_under_metrics_jsonl_is_named_once_then_quiet(tmp_path: Path
     (tmp_path / "metrics.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
     t = Telemetry(tmp_path, welcome_extra={"world_size": 1}, on_stop=lambda: None)
     try:
+        t.publish(_metrics(1, pad=10_000))  # queued: the telemetry thread writes it
         with pytest.raises(OSError, match=r"metrics.jsonl cannot be appended to \(No space "
                                           r"left on device\): the run's record is incomplete"):
-            t.publish(_metrics(1, pad=10_000))  # larger than the buffer: written at once
+            t.flush()  # once written (and failed), the next publish or flush names it
         t.publish({"type": "event", "kind": "failed", "error": "x"})  # quiet from here
+        assert t.flush()
     finally:
         t.close()

@@ -36,10 +36,17 @@ def _trainer(ctx, tmp_path: Path, **overrides) -> Trainer:
     folder = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
     folder.mkdir()
     (folder / "checkpoints").mkdir()
-    stop = StopFlag(5, ctx.side_group)
+    cfg = RunConfig(**base)
+    stop = StopFlag(cfg.stop_check_every, ctx.side_group)
     telemetry = Telemetry(folder, welcome_extra={}, on_stop=lambda: stop.request("test"),
                           port=None)  # metrics.jsonl only
-    return Trainer(RunConfig(**base), ctx, folder, stop, telemetry)
+    return Trainer(cfg, ctx, folder, stop, telemetry)
+
+
+def _lines(trainer: Trainer) -> list[dict]:
+    """metrics.jsonl once the telemetry thread wrote what the run published."""
+    assert trainer.telemetry is not None and trainer.telemetry.flush()
+    return list(iter_metrics(trainer.run_dir))
 
 
 def _one_step(trainer: Trainer) -> None:
@@ -88,17 +95,43 @@ def test_a_replacement_hook_counts_the_same(ctx, tmp_path: Path) -> None:
 def test_bf16_autocast_and_grad_clipping_train_on_cpu(ctx, tmp_path: Path) -> None:
     trainer = _trainer(ctx, tmp_path, precision="bf16", grad_clip=0.5, max_steps=20)
     assert trainer.run() == "completed"
-    ms = [m for m in iter_metrics(trainer.run_dir) if m["type"] == "metrics"]
+    ms = [m for m in _lines(trainer) if m["type"] == "metrics"]
     assert len(ms) == 20 and all(m["ranks"][0]["loss"] is not None for m in ms)
 
 
 def test_a_stop_request_ends_the_loop_at_a_check_step(ctx, tmp_path: Path) -> None:
-    trainer = _trainer(ctx, tmp_path, max_steps=1000, stop_check_every=5)
-    trainer.stop.request("test")
+    trainer = _trainer(ctx, tmp_path, max_steps=1000, stop_check_every=5, log_every=10)
+    trainer.stop.request("test")  # the first round (step 5) is read at once
     assert trainer.run() == "stopped"
     assert trainer.pos.step == 5
-    kinds = [m.get("kind") for m in iter_metrics(trainer.run_dir) if m["type"] == "event"]
+    kinds = [m.get("kind") for m in _lines(trainer) if m["type"] == "event"]
     assert kinds[-3:] == ["stopping", "checkpoint_saved", "stopped"]
+
+
+def test_reports_read_a_round_later_keep_their_own_step_epoch_and_time(ctx, tmp_path) -> None:
+    # 8 steps an epoch; reports every 4 steps, rounds every 2: each report is read at the
+    # round after it, and must still say the step, epoch and time it was taken at.
+    trainer = _trainer(ctx, tmp_path, max_steps=22, stop_check_every=2, log_every=4)
+    assert trainer.run() == "completed"
+    ms = [m for m in _lines(trainer) if m["type"] == "metrics"]
+    assert [m["step"] for m in ms] == [4, 8, 12, 16, 20, 22]
+    assert [m["epoch"] for m in ms] == [0, 0, 1, 1, 2, 2]
+    times = [m["time"] for m in ms]
+    assert times == sorted(times)
+    assert trainer.stop.rounds == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22]
+
+
+def test_evaluation_time_is_reported_with_the_eval_and_in_the_next_interval(ctx, tmp_path):
+    trainer = _trainer(ctx, tmp_path, max_steps=8, log_every=4, eval_every=4,
+                       dataset_args={"num_samples": 256, "val_samples": 2048})
+    assert trainer.run() == "completed"
+    lines = list(_lines(trainer))
+    evals = [m for m in lines if m.get("kind") == "eval"]
+    assert [e["step"] for e in evals] == [4, 8] and all(e["eval_s"] > 0 for e in evals)
+    steps = {m["step"]: m["ranks"][0] for m in lines if m["type"] == "metrics"}
+    # the evaluation at step 4 ran in the interval (4, 8]: its time per step is said there
+    assert steps[4]["eval_s"] == 0.0
+    assert steps[8]["eval_s"] == pytest.approx(evals[0]["eval_s"] / 4, rel=0.05)
 
 
 def test_max_steps_loops_over_epochs_and_epochs_limit(ctx, tmp_path: Path) -> None:

@@ -1,0 +1,176 @@
+"""Where the engine's per-step time goes: its pieces added one at a time, in one 2-rank run.
+
+    .venv/bin/python bench/step_costs.py [--blocks 30] [--block-steps 40] [--hidden 512]
+
+Runs itself under torchrun (2 CPU ranks, gloo, OMP_NUM_THREADS=1) on the workload of
+bench/telemetry_overhead.py. Within one process pair it alternates blocks of steps of each
+variant below, in a rotating order, and reports each variant's median seconds per step over
+the blocks and its cost against ``plain``, in microseconds per step. Alternating blocks of
+well under a second inside one run shares the machine's noise far better than separate runs.
+
+- ``plain``: the standard step on its own DDP model (data, forward, backward, SGD step);
+- ``step``: the engine's ``Trainer._train_step`` with telemetry off (no hook, no timing);
+- ``timed``: the same with telemetry on (the timing comm hook, the phase stamps, the
+  heartbeat's phase updates; the device sampler and heartbeat threads run);
+- ``+rounds``: ``timed`` plus the agreed-stop rounds as the engine runs them (an asynchronous
+  all-gather every 5 steps, read a round later);
+- ``+reports``: ``+rounds`` plus a report every 10 steps (loss, timing, device readings,
+  gathered in the rounds, published by rank 0 to metrics.jsonl through the telemetry thread);
+- ``sync-rounds``: ``timed`` plus the agreed-stop check as before issue 16: a synchronous
+  all-reduce every 5 steps that the step waits for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("plain", "step", "timed", "+rounds", "+reports", "sync-rounds")
+
+
+def launch(args: argparse.Namespace) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", __file__, "--rank-side", "--out", str(out),
+                        "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
+                        "--hidden", str(args.hidden)], check=True, env=env, cwd=REPO)
+        result = json.loads(out.read_text())
+    print(f"mlp 256-{args.hidden}-{args.hidden}-10, batch 64/rank, SGD, 2 CPU ranks (gloo); "
+          f"{args.blocks} blocks of {args.block_steps} steps per variant, rotating")
+    base = result["plain"]
+    print("variant        median ms/step   cost vs plain, us/step   as a share of plain")
+    for name in VARIANTS:
+        v = result[name]
+        print(f"  {name:<12} {1000 * v:10.3f}       {1e6 * (v - base):+10.0f}              "
+              f"{(v - base) / base:+7.1%}")
+
+
+def rank_side(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(REPO))
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddp_engine.config import RunConfig
+    from ddp_engine.distributed import StopFlag, init_distributed, teardown
+    from ddp_engine.heartbeat import Heartbeat
+    from ddp_engine.models import build_model
+    from ddp_engine.telemetry import Telemetry
+    from ddp_engine.trainer import Trainer, _Interval
+
+    ctx = init_distributed("cpu", 120)
+    rank = ctx.info.rank
+    cfg = RunConfig(model="mlp", model_args={"hidden": args.hidden, "depth": 2},
+                    dataset="synthetic", dataset_args={"num_samples": 80_000, "val_samples": 0,
+                                                       "input_shape": [256]},
+                    device="cpu", max_steps=10**9, eval_every=0, batch_size=64,
+                    optimizer="sgd", lr=0.01, momentum=0.0)
+    work = Path(tempfile.mkdtemp(prefix=f"step-costs-{rank}-"))
+    (work / "checkpoints").mkdir()
+    telemetry = (Telemetry(work, welcome_extra={}, on_stop=lambda: None)
+                 if rank == 0 else None)
+    (work / "ranks").mkdir()
+    heartbeat = Heartbeat(work, rank)
+    heartbeat.start()
+    stop_flag = StopFlag(5, ctx.side_group)
+    untimed = Trainer(RunConfig(**{**cfg.to_dict(), "telemetry": False}), ctx, work,
+                      StopFlag(5, ctx.side_group))
+    timed = Trainer(cfg, ctx, work, stop_flag, telemetry, heartbeat)
+    assert timed.device_sampler is not None
+    timed.device_sampler.start()  # as in a run: the rank's device readings at 2 Hz
+    torch.manual_seed(cfg.seed)
+    plain_model = DDP(build_model(cfg, untimed.data.info))
+    plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.01)
+    flag = torch.zeros(2, dtype=torch.float64)
+    interval = _Interval()
+    step = {"n": 0}
+
+    def batches(trainer: Trainer):
+        while True:
+            yield from trainer.loader
+
+    feeds = {id(untimed): batches(untimed), id(timed): batches(timed)}
+    plain_feed = batches(untimed)
+
+    def plain_step() -> None:
+        x, y = next(plain_feed)
+        loss = torch.nn.functional.cross_entropy(plain_model(x), y)
+        loss.backward()
+        plain_opt.step()
+        plain_opt.zero_grad(set_to_none=True)
+
+    def engine_step(trainer: Trainer, rounds: str, reports: bool) -> None:
+        loss = trainer._train_step(feeds[id(trainer)])
+        step["n"] += 1
+        n = step["n"]
+        interval.add(loss, 64)
+        if rounds == "async":
+            trainer.pos.step = n
+            trainer._phase("stop_check")
+            got = stop_flag.after_step(
+                n, (lambda: trainer._row(interval)) if reports and n % 10 == 0 else None)
+            trainer._publish(got)
+        elif rounds == "sync" and n % 5 == 0:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.side_group)
+
+    runs = {
+        "plain": plain_step,
+        "step": lambda: engine_step(untimed, "", False),
+        "timed": lambda: engine_step(timed, "", False),
+        "+rounds": lambda: engine_step(timed, "async", False),
+        "+reports": lambda: engine_step(timed, "async", True),
+        "sync-rounds": lambda: engine_step(timed, "sync", False),
+    }
+    per_step: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for _ in range(5):  # warm-up: DDP rebuilds its buckets after the first iterations
+        for name in VARIANTS:
+            runs[name]()
+    stop_flag.after_step(step["n"] + 1, flush=True)  # nothing left pending between blocks
+    for block in range(args.blocks):
+        k = block % len(VARIANTS)
+        for name in VARIANTS[k:] + VARIANTS[:k]:
+            step["n"] = -(-step["n"] // 10) * 10  # blocks start on a round boundary
+            dist.barrier(group=ctx.side_group)
+            t0 = time.perf_counter()
+            for _ in range(args.block_steps):
+                runs[name]()
+            per_step[name].append((time.perf_counter() - t0) / args.block_steps)
+            if stop_flag._pending is not None:  # read what the block left, outside its time
+                stop_flag._finish()
+            # the next block's rounds pace themselves on its own steps, not on the gap
+            stop_flag._next, stop_flag._last = None, (0, 0.0)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps({k: statistics.median(v)
+                                               for k, v in per_step.items()}))
+    heartbeat.close()
+    if telemetry is not None:
+        telemetry.close()
+    teardown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=30)
+    parser.add_argument("--block-steps", type=int, default=40)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_side:
+        rank_side(args)
+    else:
+        launch(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,8 @@ NAN_LOSS = f"{REPO / 'tests' / 'ddp_engine' / 'plugins' / 'faulty.py'}:nan_on_ra
 
 
 @fault_case("NaN loss on rank 1 from step 25 (default policy)",
-            "a warning event naming the ranks; an agreed stop of every rank at one step; "
+            "a warning event naming the ranks; an agreed stop of every rank at one step (the "
+            "round that reads the report: at most one stop-check interval later); "
             "checkpoints/last.pt is the last good one (before the NaN), and loads")
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
         tmp_path: Path, observed: list[str]) -> None:
@@ -29,7 +30,8 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
     # rank 0 is NaN too by then: the all-reduce averaged rank 1's NaN gradient into its weights
     assert warnings and 1 in warnings[0]["ranks"] and warnings[0]["step"] == 30
     steps = {r["step"] for r in read_rank_files(run_dir).values()}
-    assert steps == {30}
+    # the report of step 30 travels in a round that is read at the next one (5 steps later)
+    assert len(steps) == 1 and 30 <= min(steps) <= 35
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["step"] == 20
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values())

@@ -22,7 +22,7 @@ Engine throughput comes from the "time" stamps of rank 0's metrics at the two st
 loop measures the same steps itself.
 
 ``--sweep`` repeats ``plain`` against ``on`` at other step times (model width and batch: about
-3, 5, 9 and 100 ms per step here; a fixed per-step cost shows most at short steps) and, with
+3, 5, 9, 20 and 100 ms per step here; a fixed per-step cost shows most at short steps) and, with
 ``--png``, plots the ratio against the step time.
 """
 
@@ -63,9 +63,9 @@ class Workload:
 
 DEFAULT = Workload(hidden=512, batch=64, steps=600, warmup=150)
 SWEEP = (Workload(32, 16, 1600, 400), Workload(384, 64, 1000, 250), DEFAULT,
-         Workload(2816, 64, 80, 20))
-"""About 3, 5, 9 and 100 ms per step on this 2-core machine (3 ms is the shortest a 2-rank gloo
-step gets here: the gradient all-reduce and the data loader alone take that long)."""
+         Workload(1024, 64, 300, 80), Workload(2816, 64, 80, 20))
+"""About 3, 5, 9, 20 and 100 ms per step on this 2-core machine (3 ms is the shortest a 2-rank
+gloo step gets here: the gradient all-reduce and the data loader alone take that long)."""
 
 
 def engine_run(repo: Path, config: Path, w: Workload, nproc: int, work: Path,
@@ -175,7 +175,7 @@ def main() -> None:
                         help="comma-separated, of plain, on, off, before (default: plain,on,off "
                              "and before with --base)")
     parser.add_argument("--base", type=Path, help="a checkout whose engine runs as 'before'")
-    parser.add_argument("--sweep", action="store_true", help="plain and on at 4 step times")
+    parser.add_argument("--sweep", action="store_true", help="plain and on at 5 step times")
     parser.add_argument("--png", type=Path, help="with --sweep: plot the ratios here")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()

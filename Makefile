@@ -56,7 +56,7 @@ reliability: install
 
 # Every benchmark of docs/BENCHMARKS.md, one after the other (about 20 minutes on 2 cores).
 # Each prints its measurements; nothing else may run meanwhile (ratios, but a noisy machine).
-BENCHES = telemetry_overhead launch_latency stop_latency window_startup ingest_draw \
+BENCHES = telemetry_overhead step_costs launch_latency stop_latency window_startup ingest_draw \
 	long_history frame_parts runs_index
 bench: install
 	@for b in $(BENCHES); do echo "== bench/$$b.py"; \

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 BUILTIN_MODELS: tuple[str, ...] = ("mlp", "convnet", "resnet18", "gpt-tiny")
 """Model names the engine builds itself (ddp_engine/models.py)."""
 
@@ -356,22 +358,23 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     def to_toml(self) -> str:
-        """TOML text that :func:`load_config_file` reads back to an equal config."""
-        lines: list[str] = []
-        tables: list[str] = []
+        """TOML text that :func:`load_config_file` reads back to an equal config (written by
+        tomli-w: any string, any character)."""
+        top: dict[str, Any] = {}
+        tables: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in ("model_args", "dataset_args") or value is None:
                 continue
-            if f.name in ("model", "dataset"):
-                args = getattr(self, f"{f.name}_args")
-                if args:
-                    body = [f"name = {_toml_value(value)}"]
-                    body += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in args.items()]
-                    tables.append(f"[{f.name}]\n" + "\n".join(body))
-                    continue
-            lines.append(f"{f.name} = {_toml_value(value)}")
-        return "\n".join(lines) + "\n" + "".join("\n" + t + "\n" for t in tables)
+            args = getattr(self, f"{f.name}_args") if f.name in ("model", "dataset") else None
+            if args:
+                tables[f.name] = {"name": value, **args}
+            else:
+                top[f.name] = value
+        try:
+            return tomli_w.dumps({**top, **tables})
+        except TypeError as e:  # a value TOML cannot hold (None inside model_args, ...)
+            raise ConfigError(f"config: cannot write it as TOML: {e}") from None
 
     def to_argv(self) -> list[str]:
         """Command-line flags that reproduce this config (fields left at default are omitted).
@@ -494,24 +497,6 @@ def _check_type(cfg: RunConfig) -> None:
             for k in value:
                 if not isinstance(k, str) or not k.isidentifier():
                     raise ConfigError(f"{name}: key {k!r} is not a valid keyword argument name")
-
-
-def _toml_key(key: str) -> str:
-    return key if re.match(r"^[A-Za-z0-9_-]+$", key) else json.dumps(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise ConfigError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
 
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:

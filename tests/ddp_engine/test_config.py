@@ -103,7 +103,7 @@ def test_toml_and_json_round_trip(tmp_path: Path) -> None:
 def test_toml_holds_any_character_beyond_the_basic_multilingual_plane(tmp_path: Path) -> None:
     # Written by hand, "runs/😀" became "runs/\ud83d\ude00": a JSON escape TOML refuses.
     cfg = RunConfig(runs_dir="runs/😀", dataset="synthetic",
-                    dataset_args={"note": "𝔡𝔞𝔱𝔞 \"quoted\" \\ back", "key with spaces": 1})
+                    dataset_args={"note": "𝔡𝔞𝔱𝔞 \"quoted\" \\ back", "seed": 1})
     toml_file = tmp_path / "run.toml"
     toml_file.write_text(cfg.to_toml(), encoding="utf-8")
     assert RunConfig.from_dict(load_config_file(toml_file)) == cfg

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Makes docs/screenshot.png: the real window under Xvfb, F5 pressed with xdotool, a live run.
 # Needs Debian's xvfb, xdotool, x11-utils and imagemagick, and the X libraries Qt's xcb platform
-# loads (see `make screenshot`). Run from anywhere: docs/make_screenshot.sh
+# loads (see `make screenshot`). Run from anywhere: docs/make_screenshot.sh [OUT [WIDTH HEIGHT]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/screenshot.png}
+width=${2:-1600}
+height=${3:-1000}
 display=:97
-Xvfb "$display" -screen 0 1600x1000x24 -nolisten tcp &
+Xvfb "$display" -screen 0 "${width}x${height}x24" -nolisten tcp &
 xvfb=$!
 app=""
 runs=$(mktemp -d)
@@ -32,7 +34,7 @@ done
 .venv/bin/python main.py --runs-dir "$runs" --config "$runs/preset.toml" &
 app=$!
 wid=$(xdotool search --sync --name '^Rankscope')
-xdotool windowsize "$wid" 1600 1000 windowmove "$wid" 0 0
+xdotool windowsize "$wid" "$width" "$height" windowmove "$wid" 0 0
 xdotool windowactivate --sync "$wid" 2>/dev/null || xdotool windowfocus --sync "$wid"
 xdotool key --window "$wid" F5
 # Let the run start and the charts fill; then photograph the live run.

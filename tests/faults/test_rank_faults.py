@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ddp_engine.devices import gpu_count, gpu_leftovers, gpu_processes
+from ddp_engine.heartbeat import read_heartbeats
 from ddp_engine.run_dir import rank_file, rank_log_files, read_rank_files, read_status
 from tests.conftest import (
     REPO,
@@ -134,7 +135,11 @@ def test_ctrl_c_twice_forces_a_hung_run_down(tmp_path: Path, observed: list[str]
     with endless_run(tmp_path, *hang) as (proc, run_dir):
         wait_for(lambda: len(read_rank_files(run_dir)) == 2, 120, "both ranks to start")
         wait_for(lambda: len(metrics(run_dir)) >= 1, 60, "a first report")
-        proc.send_signal(signal.SIGINT)  # rank 1 hangs: the agreed stop cannot happen
+        # Once rank 1 hangs (in the forward of step 5), the agreed stop cannot happen; a Ctrl+C
+        # before that is agreed at the next round, as it should be.
+        wait_for(lambda: (read_heartbeats(run_dir).get(1) or {}).get("phase") == "forward"
+                 and read_heartbeats(run_dir)[1].get("step") == 4, 60, "rank 1 to hang")
+        proc.send_signal(signal.SIGINT)
         wait_for(lambda: "shutting down workers" in (tmp_path / "out.log").read_text(), 30,
                  "the launcher to forward the stop")
         forced_at = time.monotonic()

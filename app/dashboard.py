@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 from app.charts.base import Chart
 from app.charts.panels import DevicePanel, LossPanel, SyncPanel, ThroughputPanel
 from app.metric_store import MetricStore
-from ddp_engine.heartbeat import hang_hint, read_heartbeats, stall_text
+from ddp_engine.heartbeat import fmt_seconds, hang_hint, read_heartbeats, stall_text
 from ddp_engine.runs import fmt_duration
 
 REDRAW_MS = 16  # a tick: at most ~60 frames a second, however fast messages arrive
@@ -162,7 +162,7 @@ class Dashboard(QWidget):
                 f"ETA {fmt_duration(self.store.eta_s())}")
         took = (info.last_eval or {}).get("eval_s")
         if isinstance(took, int | float):  # evaluation is work the steps wait for: say it
-            text += f"  last eval (step {info.last_eval.get('step')}) took {took:.1f} s"
+            text += f"  last eval (step {info.last_eval.get('step')}) took {fmt_seconds(took)}"
         if text != self.progress_label.text():
             self.progress_label.setText(text)
 

@@ -148,10 +148,14 @@ def hang_hint(beats: dict[int, dict[str, Any]], now: float) -> str | None:
     return None
 
 
+def fmt_seconds(seconds: float) -> str:
+    """A short span for people: "850 ms" under a second, "1.2 s" from one on."""
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{1000 * seconds:.0f} ms"
+
+
 def stall_text(stall_s: float, typical_s: float | None, step: int, hint: str | None) -> str:
     """The stall alert, in the same words in the app and in the terminal."""
-    typical = ("unknown" if typical_s is None else f"{typical_s:.1f} s" if typical_s >= 1
-               else f"{1000 * typical_s:.0f} ms")
+    typical = "unknown" if typical_s is None else fmt_seconds(typical_s)
     return (f"no progress for {stall_s:.0f} s (typical report interval {typical}); every rank "
             f"last reported step {step}: "
             + (hint or "a rank may be hung in a step or a collective (see its log)"))

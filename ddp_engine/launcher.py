@@ -40,7 +40,13 @@ from ddp_engine.config import (
     check_environment,
     resolved_device,
 )
-from ddp_engine.heartbeat import ReportClock, hang_hint, read_heartbeats, stall_text
+from ddp_engine.heartbeat import (
+    ReportClock,
+    fmt_seconds,
+    hang_hint,
+    read_heartbeats,
+    stall_text,
+)
 from ddp_engine.protocol import MONITOR_FILE
 from ddp_engine.run_dir import (
     CONFIG_FILE,
@@ -306,7 +312,7 @@ class RunMonitor(threading.Thread):
             self.status.update(epoch=msg.get("epoch"))
         elif kind == "eval":
             extra = (f", accuracy {_fmt(msg['val_accuracy'])}" if "val_accuracy" in msg else "")
-            took = (f" (took {msg['eval_s']:.1f} s)"
+            took = (f" (took {fmt_seconds(msg['eval_s'])})"
                     if isinstance(msg.get("eval_s"), int | float) else "")
             self._print(f"eval at step {msg.get('step')}: val loss {_fmt(msg.get('val_loss'))}"
                         f"{extra}{took}")

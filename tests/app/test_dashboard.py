@@ -113,4 +113,8 @@ def test_evaluation_time_is_said_in_the_progress_line_and_the_step_breakdown(qtb
     store.add({"type": "metrics", "time": 3.0, "step": 3, "ranks": rows})
     dash.redraw(budget_s=None)
     assert dash.progress_label.text().endswith("last eval (step 2) took 1.2 s")
+    store.add({"type": "event", "kind": "eval", "time": 4.0, "step": 4, "val_loss": 0.4,
+               "eval_s": 0.031})
+    dash.redraw(budget_s=None)
+    assert dash.progress_label.text().endswith("last eval (step 4) took 31 ms")
     assert dash.sync.caption.text().endswith("opt 1.0, eval 4.0")

@@ -137,7 +137,8 @@ class RunConfig:
     eval_every: int = _f("evaluate on the validation set every N steps (0: at the end only)",
                          100)
     """Validation interval in steps when the dataset has a validation split."""
-    log_every: int = _f("write metrics (and print progress) every N steps", 10)
+    log_every: int = _f("write metrics every N steps (the terminal prints the latest up to 4 "
+                        "times a second)", 10)
     """Metrics interval in steps."""
     stop_check_every: int = _f("at most N steps between agreed-stop checks (a tiny CPU "
                                "all-reduce); slow steps are checked every 0.5 s, down to every "
@@ -368,6 +369,9 @@ class RunConfig:
                 continue
             args = getattr(self, f"{f.name}_args") if f.name in ("model", "dataset") else None
             if args:
+                if "name" in args:  # the table's own key: it would replace the name silently
+                    raise ConfigError(f"{f.name}_args: the key 'name' cannot be written to TOML "
+                                      f"(the [{f.name}] table's name key is the {f.name} itself)")
                 tables[f.name] = {"name": value, **args}
             else:
                 top[f.name] = value

@@ -301,6 +301,12 @@ class StopFlag:
         self._next = step + self.interval(self._per_step_s or 0.0)
         return read
 
+    def settle(self) -> Round | None:
+        """Read the pending round, if any (every rank at the same point): when training ends
+        with a round still in flight (a stop for a non-finite loss), nothing is left pending
+        on the side group."""
+        return self._finish() if self._pending is not None else None
+
     def gather(self, step: int, report: list[float]) -> Round:
         """A round read at once, whatever the schedule (the report of the steps after the
         last round, when training ends). Every rank calls it at the same point."""

@@ -2,8 +2,9 @@
 
 A rank blocked in a collective cannot say so itself, but a thread of its own can. Each rank
 writes ``ranks/heartbeat-N.json`` every ``interval_s``: the step it is in, the phase of the
-training loop it last entered (``data``, ``forward``, ``backward``, ``optimizer``, ``report``,
-``stop_check``, ``checkpoint``, ``eval``) and since when. When a run stalls, the rank that is
+training loop it last entered (``data``, ``forward``, ``backward``, ``optimizer``,
+``stop_check`` (the agreement round, which carries the reports), ``checkpoint``, ``eval``; runs
+before issue 16 also wrote ``report``) and since when. When a run stalls, the rank that is
 in a phase that does not end in a collective while the others wait in one is the hung rank.
 
 Standard library only: the app reads heartbeats to word its hang hint.

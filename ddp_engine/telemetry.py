@@ -213,8 +213,13 @@ class Telemetry:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            message = {k: _finite(v) for k, v in item.items()}
-            line = encode(message)
+            try:
+                message = {k: _finite(v) for k, v in item.items()}
+                line = encode(message)
+            except Exception as e:  # a value JSON cannot hold: that message alone is lost
+                log.error("telemetry: a %s message could not be encoded (%s): dropped",
+                          item.get("type"), e)
+                continue
             try:
                 self._writer.write_line(line)
             except OSError as e:

@@ -78,6 +78,7 @@ class Trainer:
         self._last_eval_step = -1
         self._last_checkpoint_step: int | None = None
         self._poisoned = False  # a non-finite loss was seen and the policy is "stop"
+        self._report_epochs: dict[int, int] = {}  # reporting step -> its epoch, until published
         # RANKSCOPE_SYNC_DEBUG=1: torch.cuda.set_sync_debug_mode("warn") around each step, so a
         # host-device synchronization inside the step shows up as a warning in the rank's log.
         self._sync_debug = (os.environ.get("RANKSCOPE_SYNC_DEBUG") == "1"
@@ -219,6 +220,7 @@ class Trainer:
             if self.pos.step_in_epoch >= self.steps_per_epoch:
                 self.pos.epoch += 1
                 self.pos.step_in_epoch = 0
+        self.stop.settle()  # a round left in flight by a break (its report is not needed)
         if interval.steps and not self._poisoned:  # the steps since the last report
             self._publish([self.stop.gather(self.pos.step, self._row(interval))])
         if outcome == "stopped":
@@ -331,12 +333,14 @@ class Trainer:
         values["process_cpu_s"] = time.process_time()  # CPU work so far: what a cost costs
         values["local_rank"] = self.ctx.info.local_rank
         values["on_cuda"] = 1.0 if self.device.type == "cuda" else 0.0
+        self._report_epochs[self.pos.step] = self.pos.epoch  # named when it is published
         return [math.nan if values[k] is None else float(values[k] or 0.0) for k in REPORT_FIELDS]
 
     def _publish(self, rounds: list[Round]) -> bool:
         """Act on the reports the agreed-stop rounds brought: rank 0 publishes them; every rank
         checks the losses (the same rows everywhere, so every rank decides alike, without
         another collective). Returns True to stop for a non-finite loss."""
+        stop = False
         for done in rounds:
             if not done.reported:
                 continue
@@ -344,13 +348,14 @@ class Trainer:
             loss_at = REPORT_FIELDS.index("loss")
             bad = {r: got[loss_at] for r, got in enumerate(rows)
                    if not math.isfinite(got[loss_at])}
+            epoch = self._report_epochs.pop(done.step, self.pos.epoch)
             if self.telemetry is not None:
-                self._publish_metrics(done, rows)
-            if bad and self._nonfinite(bad, done.step):
-                return True
-        return False
+                self._publish_metrics(done, rows, epoch)
+            if bad and not stop:
+                stop = self._nonfinite(bad, done.step)
+        return stop
 
-    def _publish_metrics(self, done: Round, rows: list[list[float]]) -> None:
+    def _publish_metrics(self, done: Round, rows: list[list[float]], epoch: int) -> None:
         assert self.telemetry is not None
         ranks = []
         for r, gathered in enumerate(rows):
@@ -365,13 +370,8 @@ class Trainer:
             ranks.append(entry)
         # Stamped when the rows were taken, not when the round was read (a round later).
         self.telemetry.publish({"type": "metrics", "time": done.time, "step": done.step,
-                                "epoch": self._epoch_at(done.step),
+                                "epoch": epoch,
                                 "total_steps": self.total_steps, "ranks": ranks})
-
-    def _epoch_at(self, step: int) -> int:
-        """The epoch of a step this run trained (the report of a round read later names the
-        epoch of its own step)."""
-        return (step - 1) // self.steps_per_epoch if step > 0 else 0
 
     def _emit_event(self, kind: str, **fields: Any) -> None:
         if self.telemetry is not None:
@@ -463,6 +463,8 @@ class _Interval:
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
         self.losses.append(loss)
+        if len(self.losses) >= 64:  # a long interval: one sum on the device, still no sync
+            self.losses = [torch.stack(self.losses).float().sum()]
         self.steps += 1
         self.samples += samples
 

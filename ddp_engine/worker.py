@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, ctx, run_dir, stop, telemetry, heartbeat)
         outcome = trainer.run()
         step = {"step": trainer.pos.step, "epoch": trainer.pos.epoch}
+        if telemetry is not None:
+            telemetry.flush()  # the record is whole (a full disk at the very end is named)
         if stop.failure:
             # Together, after rank 0's checkpoint: the first rank to exit with an error makes
             # torchrun end the others on its node.

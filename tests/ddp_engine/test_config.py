@@ -109,6 +109,12 @@ def test_toml_holds_any_character_beyond_the_basic_multilingual_plane(tmp_path: 
     assert RunConfig.from_dict(load_config_file(toml_file)) == cfg
 
 
+def test_a_model_argument_named_name_is_refused_by_the_toml_writer() -> None:
+    cfg = RunConfig(model="examples/custom_model.py:build", model_args={"name": "x"})
+    with pytest.raises(ConfigError, match=r"model_args: the key 'name' cannot be written"):
+        cfg.to_toml()
+
+
 def test_model_table_gives_name_and_keyword_arguments(tmp_path: Path) -> None:
     f = tmp_path / "run.toml"
     f.write_text('max_steps = 5\n[model]\nname = "mlp"\nhidden = 32\ndepth = 1\n')

@@ -254,3 +254,14 @@ def test_a_full_disk_under_metrics_jsonl_is_named_once_then_quiet(tmp_path: Path
         assert t.flush()
     finally:
         t.close()
+
+
+def test_a_message_json_cannot_hold_is_dropped_and_the_thread_goes_on(tmp_path: Path) -> None:
+    t = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda: None, port=None)
+    try:
+        t.publish({"type": "event", "kind": "odd", "value": object()})  # not JSON
+        t.publish({"type": "event", "kind": "after"})
+        assert t.flush()
+    finally:
+        t.close()
+    assert [m.get("kind") for m in iter_metrics(tmp_path)] == ["after"]

@@ -134,6 +134,16 @@ def test_evaluation_time_is_reported_with_the_eval_and_in_the_next_interval(ctx,
     assert steps[8]["eval_s"] == pytest.approx(evals[0]["eval_s"] / 4, rel=0.05)
 
 
+def test_a_long_interval_keeps_its_losses_folded_on_the_device() -> None:
+    from ddp_engine.trainer import _Interval
+
+    interval = _Interval()
+    for i in range(1000):
+        interval.add(torch.tensor(float(i % 10)), 8)
+        assert len(interval.losses) < 64  # folded every 64 steps, never read meanwhile
+    assert interval.take()["loss"] == pytest.approx(4.5)
+
+
 def test_max_steps_loops_over_epochs_and_epochs_limit(ctx, tmp_path: Path) -> None:
     # 256 samples / batch 32 = 8 steps an epoch.
     t = _trainer(ctx, tmp_path, max_steps=20)

@@ -65,8 +65,9 @@ def rank_side(args: argparse.Namespace) -> None:
     from ddp_engine.distributed import StopFlag, init_distributed, teardown
     from ddp_engine.heartbeat import Heartbeat
     from ddp_engine.models import build_model
+    from ddp_engine.reports import Interval
     from ddp_engine.telemetry import Telemetry
-    from ddp_engine.trainer import Trainer, _Interval
+    from ddp_engine.trainer import Trainer
 
     ctx = init_distributed("cpu", 120)
     rank = ctx.info.rank
@@ -92,7 +93,7 @@ def rank_side(args: argparse.Namespace) -> None:
     plain_model = DDP(build_model(cfg, untimed.data.info))
     plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.01)
     flag = torch.zeros(2, dtype=torch.float64)
-    interval = _Interval()
+    interval = Interval()
     step = {"n": 0}
 
     def batches(trainer: Trainer):
@@ -145,8 +146,7 @@ def rank_side(args: argparse.Namespace) -> None:
             for _ in range(args.block_steps):
                 runs[name]()
             per_step[name].append((time.perf_counter() - t0) / args.block_steps)
-            if stop_flag._pending is not None:  # read what the block left, outside its time
-                stop_flag._finish()
+            stop_flag.settle()  # read what the block left, outside its time
             # the next block's rounds pace themselves on its own steps, not on the gap
             stop_flag._next, stop_flag._last = None, (0, 0.0)
     if rank == 0:

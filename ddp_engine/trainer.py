@@ -22,24 +22,16 @@ from ddp_engine import checkpoint
 from ddp_engine.checkpoint import CheckpointError
 from ddp_engine.config import ConfigError, RunConfig
 from ddp_engine.data import DataBundle, build_datasets, make_loader
-from ddp_engine.device_sampler import KEYS as DEVICE_KEYS
 from ddp_engine.device_sampler import DeviceSampler
 from ddp_engine.distributed import DistContext, Round, StopFlag, rank_places
 from ddp_engine.heartbeat import Heartbeat
 from ddp_engine.losses import build_loss
 from ddp_engine.models import build_model
+from ddp_engine.reports import DEVICE_KEYS, REPORT_FIELDS, TIMING_FIELDS, Interval, rank_entries
 from ddp_engine.sync_timing import StepTimer
 from ddp_engine.telemetry import Telemetry
 
 log = logging.getLogger("ddp_engine.trainer")
-
-TIMING_FIELDS: tuple[str, ...] = ("data_wait_s", "forward_s", "backward_s", "optimizer_s",
-                                  "sync_time_s", "sync_exposed_s", "sync_bytes", "sync_buckets")
-REPORT_FIELDS: tuple[str, ...] = ("loss", "samples_per_s", "step_time_s", "eval_s",
-                                  *TIMING_FIELDS,
-                                  *DEVICE_KEYS, "process_cpu_s", "local_rank", "on_cuda")
-"""Per-rank values gathered to rank 0 at each log interval, in this order (NaN for None)."""
-
 
 @dataclass
 class Position:
@@ -177,7 +169,7 @@ class Trainer:
                          nnodes=len({p.get("node") for p in self.places}),
                          hosts=sorted({str(p.get("host")) for p in self.places}))
         outcome = "completed"
-        interval = _Interval()
+        interval = Interval()
         self.model.train()
         while self.pos.step < self.total_steps:
             self.sampler.set_epoch(self.pos.epoch)
@@ -321,7 +313,7 @@ class Trainer:
             self.stop.request(message)
         return stop
 
-    def _row(self, interval: _Interval) -> list[float]:
+    def _row(self, interval: Interval) -> list[float]:
         """This rank's report since the last one, as floats in REPORT_FIELDS order (NaN for
         None). Taken on reporting steps only."""
         values: dict[str, float | None] = dict(interval.take())  # the loss's .item(): a
@@ -357,17 +349,7 @@ class Trainer:
 
     def _publish_metrics(self, done: Round, rows: list[list[float]], epoch: int) -> None:
         assert self.telemetry is not None
-        ranks = []
-        for r, gathered in enumerate(rows):
-            got = dict(zip(REPORT_FIELDS, gathered, strict=True))
-            entry: dict[str, Any] = {"rank": r}
-            entry.update({k: _finite_or_none(got[k]) for k in REPORT_FIELDS[:-2]})
-            for k in entry:
-                if (k.endswith("_bytes") or k == "sync_buckets") and entry[k] is not None:
-                    entry[k] = round(entry[k])
-            entry["device"] = f"cuda:{int(got['local_rank'])}" if got["on_cuda"] else "cpu"
-            entry.update(self.places[r])  # host, node, local_rank
-            ranks.append(entry)
+        ranks = rank_entries(rows, self.places)
         # Stamped when the rows were taken, not when the round was read (a round later).
         self.telemetry.publish({"type": "metrics", "time": done.time, "step": done.step,
                                 "epoch": epoch,
@@ -448,40 +430,3 @@ class Trainer:
                 self._last_checkpoint_step = pos.step
         self._emit_event("checkpoint_saved", step=pos.step, epoch=epoch,
                          paths=[str(p) for p in paths])
-
-
-class _Interval:
-    """Loss and throughput since the last report: the losses stay on the device, unread,
-    until a reporting step sums them (one host-device sync per report, none per step)."""
-
-    def __init__(self) -> None:
-        self.losses: list[torch.Tensor] = []
-        self.steps = 0
-        self.samples = 0
-        self.eval_s = 0.0  # evaluations in the interval: in its step time, and said apart
-        self.start = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, samples: int) -> None:
-        self.losses.append(loss)
-        if len(self.losses) >= 64:  # a long interval: one sum on the device, still no sync
-            self.losses = [torch.stack(self.losses).float().sum()]
-        self.steps += 1
-        self.samples += samples
-
-    def take(self) -> dict[str, float]:
-        total = torch.stack(self.losses).float().sum().item() if self.losses else math.nan
-        loss = total / max(self.steps, 1)
-        now = time.perf_counter()
-        elapsed = max(now - self.start, 1e-9)
-        out = {"loss": loss, "samples_per_s": self.samples / elapsed,
-               "step_time_s": elapsed / max(self.steps, 1),
-               "eval_s": self.eval_s / max(self.steps, 1)}
-        self.losses = []
-        self.steps = self.samples = 0
-        self.eval_s = 0.0
-        self.start = now
-        return out
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None

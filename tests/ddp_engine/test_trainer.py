@@ -135,9 +135,9 @@ def test_evaluation_time_is_reported_with_the_eval_and_in_the_next_interval(ctx,
 
 
 def test_a_long_interval_keeps_its_losses_folded_on_the_device() -> None:
-    from ddp_engine.trainer import _Interval
+    from ddp_engine.reports import Interval
 
-    interval = _Interval()
+    interval = Interval()
     for i in range(1000):
         interval.add(torch.tensor(float(i % 10)), 8)
         assert len(interval.losses) < 64  # folded every 64 steps, never read meanwhile

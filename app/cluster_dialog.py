@@ -1,5 +1,5 @@
 """Cluster scripts for the launch form's config: each node's torchrun script, or a SLURM batch
-script (ddp_engine.cluster writes them; this dialog picks the nodes and the rendezvous)."""
+script (ddp_engine.common.cluster writes them; this dialog picks the nodes and the rendezvous)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ddp_engine.child_env import REPO_ROOT
-from ddp_engine.cluster import DEFAULT_RDZV_PORT, node_script, slurm_script
-from ddp_engine.config import ConfigError, RunConfig
+from ddp_engine.common.child_env import REPO_ROOT
+from ddp_engine.common.cluster import DEFAULT_RDZV_PORT, node_script, slurm_script
+from ddp_engine.common.config import ConfigError, RunConfig
 
 SLURM = "SLURM batch script (all nodes)"
 

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidg
 
 from app.charts.base import Chart, color
 from app.metric_store import MetricStore
-from ddp_engine.run_dir import MetricsTail
+from ddp_engine.common.run_dir import MetricsTail
 
 X_STEP = "step"
 X_TIME = "time since start (s)"

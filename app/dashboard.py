@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
 from app.charts.base import Chart
 from app.charts.panels import DevicePanel, LossPanel, SyncPanel, ThroughputPanel
 from app.metric_store import MetricStore
-from ddp_engine.heartbeat import fmt_seconds, hang_hint, read_heartbeats, stall_text
-from ddp_engine.runs import fmt_duration
+from ddp_engine.common.heartbeat import fmt_seconds, hang_hint, read_heartbeats, stall_text
+from ddp_engine.common.runs import fmt_duration
 
 REDRAW_MS = 16  # a tick: at most ~60 frames a second, however fast messages arrive
 CATCH_UP_MS = 1

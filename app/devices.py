@@ -5,8 +5,6 @@ NVML is read on the GUI thread: the calls used here take microseconds (no proces
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -21,61 +19,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ddp_engine.devices import GpuInfo, cpu_count, list_gpus
+from ddp_engine.common.gpus import GpuInfo, GpuReading, Nvml, cpu_count, list_gpus
 
 IDLE_UTIL_PCT = 10.0
 IDLE_MEM_FRACTION = 0.1
-
-
-@dataclass
-class GpuReading:
-    util_pct: float | None
-    mem_used_bytes: int | None
-    mem_total_bytes: int | None
-    temp_c: float | None
-
-
-class NvmlReader:
-    """Cached NVML handles for live readings; every failure is a None, never an exception."""
-
-    def __init__(self) -> None:
-        self._nv: Any = None
-        self._handles: dict[int, Any] = {}
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nv = pynvml
-        except Exception:
-            self._nv = None
-
-    def read(self, gpu: GpuInfo) -> GpuReading:
-        nv = self._nv
-        if nv is None:
-            return GpuReading(None, None, None, None)
-        try:
-            h = self._handles.get(gpu.index)
-            if h is None:
-                h = self._handles[gpu.index] = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
-        except Exception:
-            return GpuReading(None, None, None, None)
-
-        def get(fn: Any) -> Any:
-            try:
-                return fn()
-            except Exception:
-                return None
-
-        mem = get(lambda: nv.nvmlDeviceGetMemoryInfo(h))
-        return GpuReading(get(lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu)),
-                          int(mem.used) if mem else None, int(mem.total) if mem else None,
-                          get(lambda: float(nv.nvmlDeviceGetTemperature(
-                              h, nv.NVML_TEMPERATURE_GPU))))
-
-    def close(self) -> None:
-        if self._nv is not None:
-            with contextlib.suppress(Exception):
-                self._nv.nvmlShutdown()
 
 
 class DevicePicker(QWidget):
@@ -94,7 +41,7 @@ class DevicePicker(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.count = QSpinBox()
         self.count.setObjectName("nproc")
-        self.reader = NvmlReader() if self.gpus else None
+        self.nvml = Nvml() if self.gpus else None  # handles cached for the live readings
         if self.gpus:
             for row, gpu in enumerate(self.gpus):
                 check = QTableWidgetItem()
@@ -140,8 +87,8 @@ class DevicePicker(QWidget):
         return bool(self.gpus)
 
     def readings(self) -> list[GpuReading]:
-        assert self.reader is not None
-        return [self.reader.read(g) for g in self.gpus]
+        assert self.nvml is not None
+        return [self.nvml.read(self.nvml.handle(g.uuid)) for g in self.gpus]
 
     def refresh(self) -> None:
         if not self.gpus:

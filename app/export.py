@@ -18,7 +18,7 @@ from typing import Any
 import pyqtgraph as pg
 
 from app.metric_store import RANK_FIELDS
-from ddp_engine.run_dir import METRICS_FILE, iter_metrics
+from ddp_engine.common.run_dir import METRICS_FILE, iter_metrics
 
 CSV_HEAD: tuple[str, ...] = ("time", "step", "epoch", "rank")
 CSV_EVAL: tuple[str, ...] = ("val_loss", "val_accuracy")

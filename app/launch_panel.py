@@ -23,18 +23,17 @@ from PySide6.QtWidgets import (
 )
 
 from app.devices import DevicePicker
-from ddp_engine.config import (
+from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.config_files import load_config_file
+from ddp_engine.common.config_values import (
     BUILTIN_DATASETS,
     BUILTIN_LOSSES,
     BUILTIN_MODELS,
     OPTIMIZERS,
     PRECISIONS,
-    ConfigError,
-    RunConfig,
-    check_environment,
-    load_config_file,
 )
-from ddp_engine.devices import GpuInfo
+from ddp_engine.common.gpus import GpuInfo
+from ddp_engine.common.machine_checks import check_environment
 
 CUSTOM = "Custom..."
 DATASET_CHOICES = [*BUILTIN_DATASETS, "text file...", "image folder...", CUSTOM]

@@ -9,17 +9,16 @@ therefore signals the launcher's group *and* every process of the run that was s
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
 
-from ddp_engine.child_env import build_env
+from ddp_engine.common import processes
+from ddp_engine.common.child_env import build_env
 
 __all__ = ["LauncherProcess", "build_env"]
 
@@ -102,36 +101,23 @@ class LauncherProcess:
         job's group (``launch ... | tee log``), so it gets the signal by itself.
         """
         pid = self.pid
-        if pid is None or self.ended():
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
-            if os.getsid(pid) == pid:
-                os.killpg(pid, sig)
-            elif self.adopted is not None:
-                self.adopted.send_signal(sig)  # psutil checks the pid was not reused
-            else:
-                os.kill(pid, sig)
+        if pid is not None and not self.ended():
+            processes.signal_group(pid, sig, self.adopted)
 
     def kill_all(self, wait_s: float = 5.0) -> None:
         """SIGKILL the launcher's group and every process of the run still alive, then wait up
         to ``wait_s`` for them to be gone (a SIGKILLed process takes a moment to exit)."""
         self.signal_group(signal.SIGKILL)
-        for p in self.alive():
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        deadline = time.monotonic() + wait_s
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if self.proc is not None:
+            self.proc.poll()  # reap the launcher if it ended: its exit code is kept
+        others = [p for p in self.seen.values() if self.proc is None or p.pid != self.proc.pid]
+        processes.kill(others, wait_s=wait_s)
+        if self.proc is not None and wait_s > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=wait_s)
 
     def alive(self) -> list[psutil.Process]:
         """Processes of the run that are still running (zombies excepted)."""
         if self.proc is not None:
             self.proc.poll()  # reap the launcher if it ended
-        out = []
-        for p in self.seen.values():
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p)
-            except psutil.Error:
-                continue
-        return out
+        return processes.alive(self.seen.values())

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ddp_engine.run_dir import rank_log_files
+from ddp_engine.common.run_dir import rank_log_files
 
 MAX_LINES = 5000
 

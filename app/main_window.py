@@ -30,12 +30,12 @@ from app.logs_view import LogsView
 from app.metric_store import MetricStore
 from app.run_controller import RunController
 from app.runs_panel import RunsPanel
-from ddp_engine.config import ConfigError, RunConfig
-from ddp_engine.devices import GpuInfo
-from ddp_engine.protocol import check_address
-from ddp_engine.run_dir import CONFIG_FILE, read_json, read_status
-from ddp_engine.runs import RunIndex, RunSummary, walk
-from ddp_engine.sweep import is_group
+from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.gpus import GpuInfo
+from ddp_engine.common.protocol import check_address
+from ddp_engine.common.run_dir import CONFIG_FILE, read_json, read_status
+from ddp_engine.common.runs import RunIndex, RunSummary, walk
+from ddp_engine.common.sweep_plan import is_group
 
 if TYPE_CHECKING:
     from app.compare import CompareView

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ddp_engine.heartbeat import ReportClock
-from ddp_engine.run_dir import FINAL_STATES, iter_metrics, read_status
+from ddp_engine.common.heartbeat import ReportClock
+from ddp_engine.common.run_dir import FINAL_STATES, iter_metrics, read_status
 
 RANK_FIELDS: tuple[str, ...] = (
     "loss", "step_time_s", "samples_per_s", "data_wait_s", "forward_s", "backward_s",

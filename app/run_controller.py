@@ -29,8 +29,9 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.launcher_process import LauncherProcess, build_env
 from app.telemetry_client import TelemetryClient
-from ddp_engine.config import RunConfig
-from ddp_engine.run_dir import (
+from ddp_engine.common.config import RunConfig
+from ddp_engine.common.processes import Escalation, Step
+from ddp_engine.common.run_dir import (
     FINAL_STATES,
     atomic_write_text,
     failed_rank_log,
@@ -38,7 +39,7 @@ from ddp_engine.run_dir import (
     read_status,
     tail_lines,
 )
-from ddp_engine.runs import final_event, owner_process
+from ddp_engine.common.runs import final_event, owner_process
 
 ACTIVE_STATES = ("starting", "running", "stopping")
 DISCONNECTED = "disconnected"
@@ -71,9 +72,8 @@ class RunController(QObject):
         self._remote_stop_reason: str | None = None
         self._remote_step: int | None = None
         self._stop_when_welcomed = False
-        self._stop_phase = 0
+        self.stopping = Escalation([])  # the stop pressed here, once it is
         self._signal_when_ready = False
-        self._stop_started = 0.0
         self._last_tree_scan = 0.0
         self._timer = QTimer(self)
         self._timer.setInterval(poll_ms)
@@ -90,7 +90,7 @@ class RunController(QObject):
     @property
     def stop_requested(self) -> bool:
         """Stop was pressed here (the escalation is running)."""
-        return self._stop_phase > 0
+        return self.stopping.started
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
@@ -164,7 +164,7 @@ class RunController(QObject):
         self._remote_stop_reason = None
         self._remote_step = None
         self._stop_when_welcomed = False
-        self._stop_phase = 0
+        self.stopping = Escalation([])
         self._signal_when_ready = False
         self._set_state("starting")
 
@@ -252,14 +252,26 @@ class RunController(QObject):
         """Begin the stop escalation (agreed stop first; for a remote run, only that)."""
         if not self.active or (self.launcher is None and self.remote is None):
             return
-        if self._stop_phase:
+        if self.stopping.started:
             return
-        self._stop_phase = 1
-        self._stop_started = time.monotonic()
         self._set_state("stopping")
         if self.remote is not None:
-            self._send_remote_stop()
-            return
+            self.stopping = Escalation([Step(0.0, self._send_remote_stop)])
+        else:
+            launcher = self.launcher
+            assert launcher is not None
+            self.stopping = Escalation([
+                Step(0.0, self._agreed_stop),
+                Step(self.grace_s, lambda: launcher.signal_group(signal.SIGTERM),
+                     f"the run did not stop within {self.grace_s:g} s: SIGTERM sent"),
+                Step(self.kill_after_s, lambda: launcher.kill_all(wait_s=0.0),  # _finish waits
+                     "the run did not end after SIGTERM: SIGKILL sent")])
+        self.stopping.start()
+
+    def _agreed_stop(self) -> None:
+        """The first step of a local stop: over the socket, else by SIGTERM to the launcher
+        (which forwards it to its ranks), once it can take one."""
+        assert self.launcher is not None
         if self.client is not None and self.client.send({"type": "stop"}):
             self.notice.emit("stop sent: all ranks will stop at the same step")
         elif self.run_dir is not None and read_status(self.run_dir) is None:
@@ -283,17 +295,9 @@ class RunController(QObject):
                              f"goes out once it is ({NO_ESCALATION})")
 
     def _escalate(self) -> None:
-        assert self.launcher is not None
-        waited = time.monotonic() - self._stop_started
-        if self._stop_phase == 1 and waited > self.grace_s:
-            self._stop_phase = 2
-            self._stop_started = time.monotonic()
-            self.launcher.signal_group(signal.SIGTERM)
-            self.notice.emit(f"the run did not stop within {self.grace_s:g} s: SIGTERM sent")
-        elif self._stop_phase == 2 and waited > self.kill_after_s:
-            self._stop_phase = 3
-            self.launcher.kill_all(wait_s=0.0)  # _finish waits for them
-            self.notice.emit("the run did not end after SIGTERM: SIGKILL sent")
+        notice = self.stopping.poll_once()
+        if notice:
+            self.notice.emit(notice)
 
     def detach(self) -> None:
         """Stop watching but leave the run training (the window is closing). The launcher is
@@ -329,7 +333,7 @@ class RunController(QObject):
             self._signal_when_ready = False
             self.launcher.signal_group(signal.SIGTERM)
             self.notice.emit("stop: SIGTERM sent to the launcher")
-        if self._stop_phase:
+        if self.stopping.started:
             self._escalate()
         if not self.launcher.ended():
             return False
@@ -345,7 +349,7 @@ class RunController(QObject):
             status.update({"state": end.get("kind"), "step": end.get("step"),
                            "reason": end.get("reason")} if end else {})
         state = status.get("state")
-        if state not in FINAL_STATES and self._stop_phase == 3:  # we SIGKILLed it: a stop
+        if state not in FINAL_STATES and self.stopping.taken == 3:  # we SIGKILLed it
             state = "stopped"
             status["forced"] = True
             status["reason"] = (f"forced: the agreed stop and SIGTERM did not end the run "

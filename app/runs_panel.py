@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ddp_engine.runs import RunIndex, RunSummary, find, fmt_duration
+from ddp_engine.common.runs import RunIndex, RunSummary, find, fmt_duration
 
 COLUMNS = ("Name", "State", "Model", "Dataset", "Devices", "Steps", "Best loss", "Val loss",
            "Started", "Duration", "Resumed from")

@@ -1,8 +1,9 @@
 """The Scaling tab: run the current config on 1, 2, ... N devices and plot how it scales.
 
-The sweep itself is ``python -m ddp_engine sweep`` (ddp_engine/sweep.py), started as a child in
-a session of its own like the launcher, so it outlives the window too. This view only starts it,
-reads its group.json and draws samples/s and scaling efficiency against the device count.
+The sweep itself is ``python -m ddp_engine sweep`` (ddp_engine/launch/sweep.py), started as a
+child in a session of its own like the launcher, so it outlives the window too. This view only
+starts it, reads its group.json and draws samples/s and scaling efficiency against the device
+count.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from PySide6.QtWidgets import (
 
 from app.charts.base import Chart
 from app.launcher_process import LauncherProcess
-from ddp_engine.child_env import build_env
-from ddp_engine.config import ConfigError, RunConfig
-from ddp_engine.run_dir import FINAL_STATES, atomic_write_text, new_run_dir
-from ddp_engine.runs import sweep_process
-from ddp_engine.sweep import DEFAULT_STEPS, parse_counts, plan_sweep, read_group
+from ddp_engine.common.child_env import build_env
+from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.run_dir import FINAL_STATES, atomic_write_text, new_run_dir
+from ddp_engine.common.runs import sweep_process
+from ddp_engine.common.sweep_plan import DEFAULT_STEPS, parse_counts, plan_sweep, read_group
 
 SWEEP_CONFIG = "sweep.toml"
 

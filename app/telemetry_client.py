@@ -9,8 +9,8 @@ from typing import Any
 
 from PySide6.QtCore import QThread, Signal
 
-from ddp_engine.protocol import Connection, ProtocolError, check_address
-from ddp_engine.run_dir import CONFIG_FILE, MetricsTail, read_json
+from ddp_engine.common.protocol import Connection, ProtocolError, check_address
+from ddp_engine.common.run_dir import CONFIG_FILE, MetricsTail, read_json
 
 
 class TelemetryClient(QThread):

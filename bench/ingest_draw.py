@@ -3,7 +3,7 @@
     .venv/bin/python bench/ingest_draw.py [--ranks 64] [--rates 100,200,400,800,1600]
                                           [--seconds 15] [--reps 1] [--variants app]
 
-A publisher process plays rank 0: it is the engine's own ``ddp_engine.telemetry.Telemetry``
+A publisher process plays rank 0: it is the engine's own ``ddp_engine.rank.telemetry.Telemetry``
 (the real server, protocol and metrics.jsonl), fed with metrics messages at a fixed rate, each
 with one row per rank and every field filled, GPU readings included (the device samples ride
 in the rank rows, as in the engine). This process is the app: the real ``MainWindow`` (offscreen
@@ -63,7 +63,7 @@ PUBLISHER = r"""
 import json, random, sys, time
 from pathlib import Path
 from bench.synthetic import rank_rows
-from ddp_engine.telemetry import Telemetry
+from ddp_engine.rank.telemetry import Telemetry
 
 run_dir, ranks = Path(sys.argv[1]), int(sys.argv[2])
 rate, seconds = float(sys.argv[3]), float(sys.argv[4])

@@ -36,9 +36,9 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ddp_engine.child_env import build_env  # noqa: E402
-from ddp_engine.config import RunConfig  # noqa: E402
-from ddp_engine.run_dir import iter_metrics, read_status  # noqa: E402
+from ddp_engine.common.child_env import build_env  # noqa: E402
+from ddp_engine.common.config import RunConfig  # noqa: E402
+from ddp_engine.common.run_dir import iter_metrics, read_status  # noqa: E402
 
 TARGET_RATIO = 1.2
 

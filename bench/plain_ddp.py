@@ -16,10 +16,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ddp_engine.config import RunConfig, load_config_file
-from ddp_engine.data import build_datasets
-from ddp_engine.models import build_model
-from ddp_engine.trainer import build_optimizer
+from ddp_engine.common.config import RunConfig
+from ddp_engine.common.config_files import load_config_file
+from ddp_engine.rank.data import build_datasets
+from ddp_engine.rank.models import build_model
+from ddp_engine.rank.trainer import build_optimizer
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddp_engine.runs import RunIndex  # noqa: E402
+from ddp_engine.common.runs import RunIndex  # noqa: E402
 from tests.conftest import make_run_folder  # noqa: E402
 
 

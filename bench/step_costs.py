@@ -61,13 +61,13 @@ def rank_side(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_engine.config import RunConfig
-    from ddp_engine.distributed import StopFlag, init_distributed, teardown
-    from ddp_engine.heartbeat import Heartbeat
-    from ddp_engine.models import build_model
-    from ddp_engine.reports import Interval
-    from ddp_engine.telemetry import Telemetry
-    from ddp_engine.trainer import Trainer
+    from ddp_engine.common.config import RunConfig
+    from ddp_engine.common.heartbeat import Heartbeat
+    from ddp_engine.rank.distributed import StopFlag, init_distributed, teardown
+    from ddp_engine.rank.models import build_model
+    from ddp_engine.rank.reports import Interval
+    from ddp_engine.rank.telemetry import Telemetry
+    from ddp_engine.rank.trainer import Trainer
 
     ctx = init_distributed("cpu", 120)
     rank = ctx.info.rank

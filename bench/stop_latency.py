@@ -42,9 +42,9 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ddp_engine.child_env import build_env  # noqa: E402
-from ddp_engine.protocol import Connection  # noqa: E402
-from ddp_engine.run_dir import MetricsTail, iter_metrics, read_json, read_status  # noqa: E402
+from ddp_engine.common.child_env import build_env  # noqa: E402
+from ddp_engine.common.protocol import Connection  # noqa: E402
+from ddp_engine.common.run_dir import MetricsTail, iter_metrics, read_json, read_status  # noqa: E402
 
 PLUGIN = REPO / "bench" / "step_time.py"
 BUDGET_SLACK_S = 2.0

@@ -41,8 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ddp_engine.config import RunConfig  # noqa: E402
-from ddp_engine.run_dir import iter_metrics  # noqa: E402
+from ddp_engine.common.config import RunConfig  # noqa: E402
+from ddp_engine.common.run_dir import iter_metrics  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytest_plugins = ["tests.simulated_nvml"]  # the simulated_nvml fixture
+
 REPO = Path(__file__).resolve().parents[1]
+FAULTY = REPO / "tests" / "ddp_engine" / "rank" / "plugins" / "faulty.py"
+"""Plugins that fail, stall or slow down on purpose (losses and models for the fault tests)."""
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -110,7 +114,7 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
 
 
 def _gpu_count() -> int:
-    from ddp_engine.devices import gpu_count
+    from ddp_engine.common.gpus import gpu_count
 
     return gpu_count()
 

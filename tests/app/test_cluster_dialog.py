@@ -8,8 +8,8 @@ from pathlib import Path
 from PySide6.QtGui import QGuiApplication
 
 from app.cluster_dialog import SLURM, ClusterDialog
-from ddp_engine.cluster import node_script, slurm_script
-from ddp_engine.config import RunConfig
+from ddp_engine.common.cluster import node_script, slurm_script
+from ddp_engine.common.config import RunConfig
 
 CFG = RunConfig(model="mlp", dataset="synthetic", device="cpu", nproc=2, max_steps=50)
 

@@ -11,7 +11,7 @@ import time
 import psutil
 
 from app.launcher_process import LauncherProcess
-from ddp_engine.runs import process_if_alive
+from ddp_engine.common.runs import process_if_alive
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)", "ddp_engine"]
 

@@ -11,13 +11,11 @@ import pytest
 from PySide6.QtWidgets import QDialogButtonBox, QLabel
 
 from app.main_window import MainWindow, RemoteAttachDialog
-from ddp_engine.protocol import read_monitor_file
-from ddp_engine.run_dir import read_rank_files, read_status
-from ddp_engine.telemetry import Telemetry
+from ddp_engine.common.protocol import read_monitor_file
+from ddp_engine.common.run_dir import read_rank_files, read_status
+from ddp_engine.rank.telemetry import Telemetry
 from tests.app.conftest import _make
-from tests.conftest import REPO, endless_run, processes_mentioning, wait_for
-
-FAULTY = REPO / "tests" / "ddp_engine" / "plugins" / "faulty.py"
+from tests.conftest import FAULTY, REPO, endless_run, processes_mentioning, wait_for
 
 
 @pytest.fixture
@@ -285,7 +283,7 @@ def test_attach_to_a_run_by_address_and_token_then_stop_it(qtbot, window: MainWi
                                                            tmp_path: Path) -> None:
     """A user on another machine: rank 0's port forwarded (here: the same machine), the token
     copied from monitor.json; the window attaches by host, port and token, not the folder."""
-    from tests.ddp_engine.test_launcher import assert_no_process_left  # imports torch
+    from tests.ddp_engine.launch.test_launcher import assert_no_process_left  # imports torch
 
     with endless_run(tmp_path, "--log-every", "5") as (proc, run_dir):
         wait_for(lambda: (run_dir / "monitor.json").exists(), 120, "monitor.json")
@@ -319,7 +317,7 @@ def test_a_two_node_run_started_here_shows_every_rank_and_stops_both_nodes(
     127.0.0.1, as a user would start it on the other machine). The charts get all four ranks
     from rank 0; Stop stops both nodes after one step."""
     from tests.conftest import free_port, start_engine
-    from tests.ddp_engine.test_launcher import assert_no_process_left
+    from tests.ddp_engine.launch.test_launcher import assert_no_process_left
 
     endpoint = f"127.0.0.1:{free_port()}"
     window.panel.max_steps.setValue(0)  # until stopped

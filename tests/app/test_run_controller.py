@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.run_controller import RunController
-from ddp_engine.telemetry import Telemetry
+from ddp_engine.rank.telemetry import Telemetry
 from tests.conftest import free_port
 
 

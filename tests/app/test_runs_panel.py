@@ -12,10 +12,10 @@ import pytest
 from PySide6.QtWidgets import QMessageBox
 
 from app.main_window import MainWindow
-from ddp_engine.run_dir import read_rank_files, read_status
-from ddp_engine.runs import RunIndex
+from ddp_engine.common.run_dir import read_rank_files, read_status
+from ddp_engine.common.runs import RunIndex
 from tests.conftest import (
-    REPO,
+    FAULTY,
     endless_run,
     make_run_folder,
     processes_mentioning,
@@ -23,7 +23,7 @@ from tests.conftest import (
     wait_for,
 )
 
-SLOW_LOSS = f"{REPO / 'tests' / 'ddp_engine' / 'plugins' / 'faulty.py'}:slow"
+SLOW_LOSS = f"{FAULTY}:slow"
 
 
 def _scanned(qtbot, w: MainWindow) -> None:

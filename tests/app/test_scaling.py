@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_engine.sweep import read_group
+from ddp_engine.common.sweep_plan import read_group
 from tests.conftest import make_run_folder, processes_mentioning
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.telemetry_client import TelemetryClient
-from ddp_engine.telemetry import Telemetry
+from ddp_engine.rank.telemetry import Telemetry
 from tests.conftest import free_port
 
 

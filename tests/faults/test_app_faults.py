@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ddp_engine.run_dir import read_status
-from ddp_engine.runs import RunIndex
-from tests.conftest import REPO, engine_env, processes_mentioning, wait_for
+from ddp_engine.common.run_dir import read_status
+from ddp_engine.common.runs import RunIndex
+from tests.conftest import FAULTY, REPO, engine_env, processes_mentioning, wait_for
 from tests.faults.conftest import fault_case
 
-SLOW_LOSS = f"{REPO / 'tests' / 'ddp_engine' / 'plugins' / 'faulty.py'}:slow"
+SLOW_LOSS = f"{FAULTY}:slow"
 pytestmark = pytest.mark.slow
 
 

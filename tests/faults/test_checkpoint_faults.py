@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ddp_engine import checkpoint
-from ddp_engine.run_dir import read_rank_files, read_status
+from ddp_engine.common.run_dir import read_rank_files, read_status
+from ddp_engine.rank import checkpoint
 from tests.conftest import endless_run, run_engine, start_engine, wait_for
-from tests.ddp_engine.test_launcher import assert_no_process_left
+from tests.ddp_engine.launch.test_launcher import assert_no_process_left
 from tests.faults.conftest import fault_case
 
 pytestmark = pytest.mark.slow

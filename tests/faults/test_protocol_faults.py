@@ -8,8 +8,8 @@ import socket
 import time
 from pathlib import Path
 
-from ddp_engine.protocol import Connection, read_monitor_file
-from ddp_engine.run_dir import read_status
+from ddp_engine.common.protocol import Connection, read_monitor_file
+from ddp_engine.common.run_dir import read_status
 from tests.conftest import endless_run, processes_mentioning, run_engine, wait_for
 from tests.faults.conftest import fault_case
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_engine.devices import gpu_count, gpu_leftovers, gpu_processes
-from ddp_engine.heartbeat import read_heartbeats
-from ddp_engine.run_dir import rank_file, rank_log_files, read_rank_files, read_status
+from ddp_engine.common.gpus import gpu_count, gpu_leftovers, gpu_processes
+from ddp_engine.common.heartbeat import read_heartbeats
+from ddp_engine.common.run_dir import rank_file, rank_log_files, read_rank_files, read_status
 from tests.conftest import (
-    REPO,
+    FAULTY,
     cuda,
     endless_run,
     processes_mentioning,
@@ -23,10 +23,9 @@ from tests.conftest import (
     two_nodes,
     wait_for,
 )
-from tests.ddp_engine.test_launcher import assert_no_process_left, events, metrics
+from tests.ddp_engine.launch.test_launcher import assert_no_process_left, events, metrics
 from tests.faults.conftest import fault_case
 
-FAULTY = REPO / "tests" / "ddp_engine" / "plugins" / "faulty.py"
 pytestmark = pytest.mark.slow
 
 

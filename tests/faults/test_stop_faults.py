@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddp_engine.run_dir import read_status
+from ddp_engine.common.run_dir import read_status
 from tests.conftest import processes_mentioning, run_engine
 from tests.faults.conftest import fault_case
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
-from ddp_engine.run_dir import iter_metrics, read_rank_files, read_status
-from tests.conftest import REPO, processes_mentioning, run_engine
+from ddp_engine.common.run_dir import iter_metrics, read_rank_files, read_status
+from tests.conftest import FAULTY, processes_mentioning, run_engine
 from tests.faults.conftest import fault_case
 
-NAN_LOSS = f"{REPO / 'tests' / 'ddp_engine' / 'plugins' / 'faulty.py'}:nan_on_rank1_from_step_25"
+NAN_LOSS = f"{FAULTY}:nan_on_rank1_from_step_25"
 
 
 @fault_case("NaN loss on rank 1 from step 25 (default policy)",

@@ -1,0 +1,415 @@
+"""RunConfig: the single description of a training run (standard library only).
+
+The app validates a form with it, the launcher validates it again, and every worker reads it
+back from ``RUN_DIR/config.json``. It must never import torch: the GUI process imports it.
+
+Every field is a command-line flag of the same name with dashes (``max_steps`` is
+``--max-steps``) and a key of a TOML or JSON config file. In TOML, ``model`` and ``dataset`` may
+also be tables whose ``name`` key is the model or dataset and whose other keys are keyword
+arguments for it::
+
+    [model]
+    name = "examples/custom_model.py:build_model"
+    hidden = 128
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_engine.common.config_files import toml_text
+from ddp_engine.common.config_values import (
+    BUILTIN_DATASETS,
+    BUILTIN_LOSSES,
+    BUILTIN_MODELS,
+    DEVICES,
+    NAME_RE,
+    NONFINITE_POLICIES,
+    OPTIMIZERS,
+    PATH_DATASETS,
+    PLUGIN_RE,
+    PRECISIONS,
+    ConfigError,
+    check_at_least,
+    check_choice,
+    check_positive,
+    join_ints,
+    split_dataset,
+    split_endpoint,
+)
+
+
+def _f(help_text: str, default: Any = None, *, flag: bool = True, **kw: Any) -> Any:
+    """A dataclass field carrying its help text (shown by ``--help``) in metadata."""
+    meta = {"help": help_text, "flag": flag}
+    if "default_factory" in kw:
+        return field(default_factory=kw.pop("default_factory"), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class RunConfig:
+    """A training run: what to train, on which devices, for how long, and where to write."""
+
+    model: str = _f("mlp, convnet, resnet18, gpt-tiny, or FILE.py:FUNC / package.module:FUNC",
+                    "mlp")
+    """Built-in model name, or a plugin ``FILE.py:FUNC`` / ``package.module:FUNC``."""
+    model_args: dict[str, Any] = _f("keyword arguments for the model (TOML [model] table)",
+                                    flag=False, default_factory=dict)
+    """Keyword arguments passed to the model factory."""
+    dataset: str = _f("synthetic, digits, mnist, cifar10, text:PATH, imagefolder:PATH, "
+                      "or FILE.py:FUNC / package.module:FUNC", "synthetic")
+    """Built-in dataset, ``text:PATH``, ``imagefolder:PATH`` or a plugin."""
+    dataset_args: dict[str, Any] = _f("keyword arguments for the dataset (TOML [dataset] table)",
+                                      flag=False, default_factory=dict)
+    """Keyword arguments passed to the dataset factory."""
+    loss: str = _f("cross_entropy, mse, or FILE.py:FUNC", "cross_entropy")
+    """Loss: ``cross_entropy``, ``mse`` or a plugin returning a callable (output, target)."""
+
+    device: str = _f("auto (GPUs when present), cpu (gloo processes) or cuda", "auto")
+    """Where ranks run; ``auto`` picks CUDA when a GPU is visible."""
+    nproc: int | None = _f("processes (one per GPU); default: every chosen GPU, or 2 on CPU")
+    """Number of worker processes on this machine. Resolved by the launcher when unset."""
+    gpus: list[int] | None = _f("GPU indices, e.g. 0,2 (implies --device cuda)")
+    """Indices of the GPUs to use (as listed by NVML / nvidia-smi). Implies ``device="cuda"``."""
+
+    max_steps: int | None = _f("stop after this many optimizer steps (loops over epochs)")
+    """Optimizer steps to train for; training loops over epochs until reached."""
+    epochs: int | None = _f("passes over the training data; default 1 unless --max-steps is set")
+    """Epochs to train for. With ``max_steps`` too, whichever ends first."""
+    batch_size: int = _f("samples per process per micro-step", 32)
+    """Per-process batch size (the global batch is batch_size * nproc * grad_accum)."""
+    lr: float = _f("learning rate", 1e-3)
+    """Learning rate."""
+    optimizer: str = _f("sgd, adam or adamw", "adamw")
+    """Optimizer."""
+    momentum: float = _f("SGD momentum", 0.9)
+    """Momentum for SGD."""
+    weight_decay: float = _f("weight decay", 0.0)
+    """Weight decay."""
+    precision: str = _f("fp32, bf16 or fp16 (fp16 needs CUDA)", "fp32")
+    """Autocast precision; fp16 uses a gradient scaler and needs CUDA."""
+    grad_accum: int = _f("micro-steps per optimizer step (no_sync on all but the last)", 1)
+    """Gradient accumulation: micro-batches per optimizer step."""
+    grad_clip: float | None = _f("clip the gradient norm to this value")
+    """Max gradient norm, or None for no clipping."""
+    nonfinite_loss: str = _f("a NaN or infinite loss: stop (an agreed stop that keeps the last "
+                             "good checkpoint) or warn (a warning event, training goes on)",
+                             "stop")
+    """What a non-finite loss does; checked on reporting steps (every log_every)."""
+    find_unused_parameters: bool = _f("DDP find_unused_parameters", False)
+    """Passed to DistributedDataParallel."""
+    num_workers: int = _f("DataLoader worker processes per rank", 0)
+    """DataLoader workers per rank."""
+
+    checkpoint_every: int = _f("save checkpoints/last.pt every N steps (0: only at stop and "
+                               "finish)", 0)
+    """Checkpoint interval in steps; 0 saves only at stop and at the end."""
+    keep_step_checkpoints: bool = _f("also keep checkpoints/step-N.pt for each save", False)
+    """Keep a step-numbered copy of every periodic checkpoint."""
+    resume: str | None = _f("continue from this checkpoint (PATH to a .pt of ours)")
+    """Checkpoint to resume from."""
+    eval_every: int = _f("evaluate on the validation set every N steps (0: at the end only)",
+                         100)
+    """Validation interval in steps when the dataset has a validation split."""
+    log_every: int = _f("write metrics every N steps (the terminal prints the latest up to 4 "
+                        "times a second)", 10)
+    """Metrics interval in steps."""
+    stop_check_every: int = _f("at most N steps between agreed-stop checks (a tiny CPU "
+                               "all-reduce); slow steps are checked every 0.5 s, down to every "
+                               "step", 5)
+    """How often ranks agree on whether to stop."""
+    telemetry: bool = _f("per-rank timing (comm hook), device sampling and the live server",
+                         True)
+    """Measure and serve live telemetry; off leaves only loss and throughput in metrics.jsonl."""
+    monitor_port: int = _f("TCP port of rank 0's telemetry server on 127.0.0.1 (0: a free one)",
+                           0)
+    """Port of the live telemetry server."""
+    monitor_buffer_bytes: int = _f("bytes a viewer may fall behind before it is dropped",
+                                   8 * 1024 * 1024)
+    """Bound of each viewer's send buffer."""
+    seed: int = _f("random seed (rank r uses seed + r for its own randomness)", 0)
+    """Seed."""
+    dist_timeout_s: float = _f("seconds before a collective with a dead peer fails", 120.0)
+    """Timeout of init_process_group and collectives."""
+    shutdown_timeout_s: int = _f("seconds torchrun waits for ranks after a stop before SIGKILL",
+                                 30)
+    """Grace period given to ranks after a stop signal."""
+
+    nnodes: int = _f("machines (nodes) in the run; start `launch` on each with its own "
+                     "--node-rank", 1)
+    """Nodes in the run, each running ``nproc`` ranks (torchrun's --nnodes)."""
+    node_rank: int = _f("this machine's place among the nodes, 0..nnodes-1; node 0 holds "
+                        "global rank 0, the run folder's metrics and checkpoints, and the "
+                        "telemetry server", 0)
+    """This node: its ranks are node_rank * nproc + local rank."""
+    rdzv_endpoint: str | None = _f("HOST:PORT of torchrun's c10d rendezvous, reachable from "
+                                   "every node (node 0's address); needed when nnodes > 1")
+    """Where the nodes meet (torchrun's --rdzv-endpoint, c10d backend)."""
+    rdzv_id: str | None = _f("rendezvous id, the same on every node (default: rankscope-<run "
+                             "name>)")
+    """torchrun's --rdzv-id: nodes with the same id and endpoint form one run."""
+    local_addr: str | None = _f("this node's address as the other nodes reach it (torchrun's "
+                                "--local-addr; default: its host name). With several network "
+                                "interfaces also set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME")
+    """Node 0's is where the ranks' store is: it must be reachable from every node."""
+
+    run_dir: str | None = _f("write this run into exactly this folder")
+    """Run folder; when unset, ``runs_dir/<name>-<timestamp>``."""
+    runs_dir: str = _f("parent folder of auto-named runs", "runs")
+    """Where auto-named run folders go."""
+    name: str | None = _f("run name (default: <model>-<dataset>)")
+    """Run name: letters, digits, '.', '_' and '-'."""
+    dry_run: bool = _f("print the torchrun command and resolved config; start nothing", False)
+    """Print what would run and exit."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ----------------------------------------------------------------------------- validation
+    def validate(self) -> None:
+        """Check every value on its own and against the others (no file system, no devices).
+
+        Raises:
+            ConfigError: naming the field, the value and what is allowed.
+        """
+        _check_type(self)
+        self.model = self.model.strip()
+        self.dataset = self.dataset.strip()
+        self.loss = self.loss.strip()
+        if not self.model:
+            raise ConfigError(f"model must not be empty; known: {', '.join(BUILTIN_MODELS)} "
+                              "or FILE.py:FUNC")
+        if self.model not in BUILTIN_MODELS and not PLUGIN_RE.match(self.model):
+            raise ConfigError(f"model: unknown model {self.model!r}; known: "
+                              f"{', '.join(BUILTIN_MODELS)}, or FILE.py:FUNC / "
+                              "package.module:FUNC")
+        kind, _path = split_dataset(self.dataset)
+        if kind == "plugin":
+            pass
+        elif kind in PATH_DATASETS:
+            if not _path:
+                raise ConfigError(f"dataset: {self.dataset!r} needs a path, e.g. {kind}:PATH")
+        elif kind not in BUILTIN_DATASETS:
+            raise ConfigError(f"dataset: unknown dataset {self.dataset!r}; known: "
+                              f"{', '.join(BUILTIN_DATASETS)}, "
+                              f"{', '.join(k + ':PATH' for k in PATH_DATASETS)}, "
+                              "or FILE.py:FUNC / package.module:FUNC")
+        if self.loss not in BUILTIN_LOSSES and not PLUGIN_RE.match(self.loss):
+            raise ConfigError(f"loss: unknown loss {self.loss!r}; known: "
+                              f"{', '.join(BUILTIN_LOSSES)}, or FILE.py:FUNC")
+        if self.model == "gpt-tiny" and kind not in ("text", "plugin"):
+            raise ConfigError(f"model: gpt-tiny is a character language model and needs "
+                              f"dataset text:PATH, got dataset {self.dataset!r}")
+        if kind == "text" and self.model in ("mlp", "convnet", "resnet18"):
+            raise ConfigError(f"dataset: {self.dataset!r} gives token sequences; use model "
+                              f"gpt-tiny or a plugin, got model {self.model!r}")
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("nonfinite_loss", self.nonfinite_loss, NONFINITE_POLICIES)
+        check_choice("device", self.device, DEVICES)
+        if self.gpus is not None:
+            if not self.gpus:
+                raise ConfigError("gpus must list at least one GPU index, e.g. 0 or 0,1; got an "
+                                  "empty list")
+            for g in self.gpus:
+                if g < 0:
+                    raise ConfigError(f"gpus: GPU index must be >= 0, got {g}")
+            if len(set(self.gpus)) != len(self.gpus):
+                raise ConfigError(f"gpus: each GPU may be listed once, got {join_ints(self.gpus)}")
+            if self.device == "cpu":
+                raise ConfigError(f"gpus: {join_ints(self.gpus)} given with device 'cpu'; drop "
+                                  "--gpus or use --device cuda/auto")
+            if self.nproc is not None and self.nproc != len(self.gpus):
+                raise ConfigError(f"nproc must equal the number of GPUs in gpus "
+                                  f"({len(self.gpus)}: {join_ints(self.gpus)}), got {self.nproc}")
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ConfigError("precision: fp16 needs CUDA; on CPU use fp32 or bf16")
+        check_at_least("nproc", self.nproc, 1)
+        check_at_least("max_steps", self.max_steps, 1)
+        check_at_least("epochs", self.epochs, 1)
+        check_at_least("batch_size", self.batch_size, 1)
+        check_at_least("grad_accum", self.grad_accum, 1)
+        check_at_least("checkpoint_every", self.checkpoint_every, 0)
+        check_at_least("eval_every", self.eval_every, 0)
+        check_at_least("log_every", self.log_every, 1)
+        check_at_least("stop_check_every", self.stop_check_every, 1)
+        check_at_least("num_workers", self.num_workers, 0)
+        check_at_least("shutdown_timeout_s", self.shutdown_timeout_s, 1)
+        check_at_least("monitor_buffer_bytes", self.monitor_buffer_bytes, 1024)
+        check_at_least("nnodes", self.nnodes, 1)
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"node_rank must be between 0 and nnodes - 1 "
+                              f"({self.nnodes - 1}), got {self.node_rank}")
+        if self.rdzv_endpoint is not None:
+            split_endpoint("rdzv_endpoint", self.rdzv_endpoint)
+        elif self.nnodes > 1:
+            raise ConfigError(f"rdzv_endpoint: nnodes is {self.nnodes}, so every node needs "
+                              "the rendezvous address, HOST:PORT (node 0's host and a free "
+                              "port, e.g. node0.example.org:29400)")
+        if self.local_addr is not None and (not self.local_addr.strip() or any(
+                c.isspace() for c in self.local_addr.strip())):
+            raise ConfigError(f"local_addr must be a host name or IP address, got "
+                              f"{self.local_addr!r}")
+        if self.rdzv_id is not None and not NAME_RE.match(self.rdzv_id):
+            raise ConfigError(f"rdzv_id: {self.rdzv_id!r} is not allowed; use 1-64 letters, "
+                              "digits, '.', '_' or '-', starting with a letter or digit")
+        if not 0 <= self.monitor_port <= 65535:
+            raise ConfigError(f"monitor_port must be between 0 and 65535, got "
+                              f"{self.monitor_port}")
+        check_positive("lr", self.lr)
+        check_positive("dist_timeout_s", self.dist_timeout_s)
+        if self.grad_clip is not None:
+            check_positive("grad_clip", self.grad_clip)
+        for name in ("momentum", "weight_decay"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+        if self.name is not None and not NAME_RE.match(self.name):
+            raise ConfigError(f"name: {self.name!r} is not allowed; use 1-64 letters, digits, "
+                              "'.', '_' or '-', starting with a letter or digit")
+        for name in ("run_dir", "runs_dir", "resume"):
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                raise ConfigError(f"{name} must not be empty")
+
+    # ------------------------------------------------------------------------- derived values
+    @property
+    def total_epochs(self) -> int | None:
+        """Epoch limit: ``epochs``, else 1 when ``max_steps`` is unset, else none."""
+        if self.epochs is not None:
+            return self.epochs
+        return None if self.max_steps is not None else 1
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+    def rendezvous_id(self) -> str:
+        """``rdzv_id``, or one every node derives alike from the run name."""
+        return self.rdzv_id or f"rankscope-{self.default_name()}"[:64]
+
+    def default_name(self) -> str:
+        """The run name used when ``name`` is unset."""
+        if self.name:
+            return self.name
+        parts = []
+        for spec in (self.model, split_dataset(self.dataset)[0]):
+            m = PLUGIN_RE.match(spec)
+            parts.append(m.group("func") if m and spec not in BUILTIN_MODELS else spec)
+        return re.sub(r"[^A-Za-z0-9._-]", "_", "-".join(parts))[:64]
+
+    # ---------------------------------------------------------------------- (de)serialization
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> RunConfig:
+        """Build from a dict such as a parsed TOML or JSON file.
+
+        ``model`` and ``dataset`` may be tables with a ``name`` key; their other keys become
+        ``model_args`` / ``dataset_args``.
+        """
+        data = dict(data)
+        for key in ("model", "dataset"):
+            value = data.get(key)
+            if isinstance(value, Mapping):
+                table = dict(value)
+                if "name" not in table:
+                    raise ConfigError(f"{source}: table [{key}] needs a name key, e.g. "
+                                      f'name = "{"mlp" if key == "model" else "synthetic"}"')
+                data[key] = table.pop("name")
+                args = dict(data.get(f"{key}_args") or {})
+                args.update(table)
+                data[f"{key}_args"] = args
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: "
+                              f"{', '.join(sorted(known))}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def to_toml(self) -> str:
+        """TOML text that :func:`~ddp_engine.common.config_files.load_config_file` reads back to
+        an equal config (written by tomli-w: any string, any character)."""
+        return toml_text(self)
+
+    def to_argv(self) -> list[str]:
+        """Command-line flags that reproduce this config (fields left at default are omitted).
+
+        ``model_args`` / ``dataset_args`` are given as ``--model-arg KEY=JSON``.
+        """
+        argv: list[str] = []
+        defaults = RunConfig()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == getattr(defaults, f.name):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if f.name in ("model_args", "dataset_args"):
+                for k, v in value.items():
+                    argv += [f"--{f.name[:-5]}-arg", f"{k}={json.dumps(v)}"]
+            elif isinstance(value, bool):
+                argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            elif isinstance(value, list):
+                argv += [flag, join_ints(value)]
+            else:
+                argv += [flag, str(value)]
+        return argv
+
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {}
+
+
+def _check_type(cfg: RunConfig) -> None:
+    """Reject values of the wrong type (config files can hold anything)."""
+    if not _FIELD_TYPES:
+        for f in dataclasses.fields(RunConfig):
+            t = str(f.type)
+            if t.startswith("dict"):
+                types: tuple[type, ...] = (dict,)
+            elif t.startswith("list"):
+                types = (list,)
+            elif t.startswith("bool"):
+                types = (bool,)
+            elif t.startswith("int"):
+                types = (int,)
+            elif t.startswith("float"):
+                types = (int, float)
+            else:
+                types = (str,)
+            if "None" in t:
+                types += (type(None),)
+            _FIELD_TYPES[f.name] = types
+    for name, types in _FIELD_TYPES.items():
+        value = getattr(cfg, name)
+        is_bool = isinstance(value, bool)
+        if not isinstance(value, types) or (is_bool and bool not in types):
+            words = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+                     list: "a list", dict: "a table", type(None): "unset"}
+            names = [words[t] for t in types if not (t is int and float in types)]
+            want = " or ".join(names)
+            raise ConfigError(f"{name} must be {want}, got {value!r}")
+        if float in types and isinstance(value, int) and not is_bool:
+            setattr(cfg, name, float(value))  # TOML's `lr = 1` is the number 1.0
+        if name == "gpus" and value is not None:
+            for g in value:
+                if not isinstance(g, int) or isinstance(g, bool):
+                    raise ConfigError(f"gpus must be a list of GPU indices, got {value!r}")
+        if name.endswith("_args"):
+            for k in value:
+                if not isinstance(k, str) or not k.isidentifier():
+                    raise ConfigError(f"{name}: key {k!r} is not a valid keyword argument name")
+
+

@@ -1,0 +1,93 @@
+"""The values a run config may hold: the choices, the names, and the parsing of specs
+(standard library only). :class:`ConfigError` is what every check raises.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+BUILTIN_MODELS: tuple[str, ...] = ("mlp", "convnet", "resnet18", "gpt-tiny")
+"""Model names the engine builds itself (ddp_engine/rank/models.py)."""
+
+BUILTIN_DATASETS: tuple[str, ...] = ("synthetic", "digits", "mnist", "cifar10")
+"""Dataset names that need no path."""
+
+PATH_DATASETS: tuple[str, ...] = ("text", "imagefolder")
+"""Dataset kinds written ``KIND:PATH``."""
+
+BUILTIN_LOSSES: tuple[str, ...] = ("cross_entropy", "mse")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+NONFINITE_POLICIES: tuple[str, ...] = ("stop", "warn")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+NODE_RANK_ENV = "RANKSCOPE_NODE_RANK"
+"""Set by the launcher on each node of a multi-node run (``--node-rank``): the ranks are
+numbered by it, ``node_rank * local_world_size + local_rank``. torchrun's c10d rendezvous
+numbers the nodes in the order of their descriptors (host name, then launcher pid) instead,
+so global rank 0 could land on any node; numbered by node rank it is on node 0, with the run
+folder the user started there."""
+
+PLUGIN_RE = re.compile(r"^(?P<target>.+?):(?P<func>[A-Za-z_][A-Za-z0-9_]*)$")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class ConfigError(ValueError):
+    """A config value is invalid. The message names the field, the value and what is allowed."""
+
+
+def split_endpoint(name: str, value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:29400``) as (host, port).
+
+    Raises:
+        ConfigError: naming ``name``, the value and the form allowed.
+    """
+    host, sep, port = value.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 \
+            or any(c.isspace() for c in host):
+        raise ConfigError(f"{name} must be HOST:PORT with a port 1-65535 (e.g. "
+                          f"node0.example.org:29400 or 10.0.0.1:29400), got {value!r}")
+    return host, int(port)
+
+
+def split_dataset(spec: str) -> tuple[str, str]:
+    """Classify a dataset spec: ``("synthetic", "")``, ``("text", PATH)``, ``("plugin", spec)``."""
+    for kind in PATH_DATASETS:
+        if spec.startswith(kind + ":"):
+            return kind, spec[len(kind) + 1:]
+    if spec in BUILTIN_DATASETS:
+        return spec, ""
+    if PLUGIN_RE.match(spec):
+        return "plugin", spec
+    return spec, ""
+
+
+def split_plugin(spec: str) -> tuple[str, str]:
+    """``"pkg/file.py:build"`` -> ``("pkg/file.py", "build")``."""
+    m = PLUGIN_RE.match(spec)
+    if not m:
+        raise ConfigError(f"{spec!r} is not FILE.py:FUNC or package.module:FUNC")
+    return m.group("target"), m.group("func")
+
+
+def join_ints(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}: {value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+def check_at_least(name: str, value: int | None, minimum: int) -> None:
+    if value is not None and value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_positive(name: str, value: float) -> None:
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a finite number > 0, got {value}")

@@ -1,0 +1,246 @@
+"""Every NVML call of the project (nvidia-ml-py), without torch and without initializing CUDA.
+
+The launcher (device count, the CUDA_VISIBLE_DEVICES mapping, GPU memory left after a run),
+each GPU rank's sampler and the app's device table all read NVML through :class:`Nvml`: one
+initialisation per user, handles cached, and every failure (no library, no driver, no GPU, a
+call the GPU does not support) a None or an empty inventory, never an exception.
+
+Index convention: a GPU index is the position in NVML's order, which is PCI bus order; the
+workers get ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA numbers them the same way. If the
+environment already restricts GPUs with CUDA_VISIBLE_DEVICES, indices refer to that list.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as NVML reports it."""
+
+    index: int
+    """Index as the user names it (--gpus), within CUDA_VISIBLE_DEVICES when that is set."""
+    visible_id: str
+    """What to put in the workers' CUDA_VISIBLE_DEVICES for this GPU (index or UUID)."""
+    name: str
+    uuid: str
+    pci_bus_id: str
+    mem_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding a CUDA context on a GPU, as NVML's compute-process list has it."""
+
+    gpu: int
+    """NVML index of the GPU (PCI bus order, not restricted by CUDA_VISIBLE_DEVICES)."""
+    pid: int
+    """As NVML reports it: the host's pid namespace. Inside a container with its own pid
+    namespace this is not the pid the container sees, and nothing of ours matches it."""
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """A live reading of one GPU; None where NVML could not say."""
+
+    util_pct: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    temp_c: float | None
+    power_w: float | None
+
+
+NO_READING = GpuReading(None, None, None, None, None)
+
+
+def _attempt(read: Any) -> Any:
+    """``read()``, or None when NVML raises (NVML_ERROR_NOT_SUPPORTED and friends)."""
+    try:
+        return read()
+    except Exception:
+        return None
+
+
+class Nvml:
+    """One NVML session: initialised once, handles cached, closed by :meth:`close` (or as a
+    context manager). Where NVML is unavailable every method answers None (or nothing)."""
+
+    def __init__(self) -> None:
+        self._nv: Any = None
+        self._handles: dict[str | int, Any] = {}
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nv = pynvml
+        except Exception:  # no library, no driver, no GPU: all mean "no NVML"
+            self._nv = None
+
+    def __enter__(self) -> Nvml:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @property
+    def available(self) -> bool:
+        return self._nv is not None
+
+    def close(self) -> None:
+        if self._nv is not None:
+            with contextlib.suppress(Exception):
+                self._nv.nvmlShutdown()
+            self._nv = None
+            self._handles.clear()
+
+    def count(self) -> int | None:
+        """How many GPUs NVML sees, or None."""
+        return None if self._nv is None else _attempt(self._nv.nvmlDeviceGetCount)
+
+    def handle(self, key: int | str) -> Any:
+        """The handle of GPU ``key``: an NVML index, or a UUID (or its unique prefix, as
+        CUDA_VISIBLE_DEVICES may give it). None when there is no such GPU."""
+        nv = self._nv
+        if nv is None:
+            return None
+        if key not in self._handles:
+            if isinstance(key, int) or str(key).isdigit():
+                found = _attempt(lambda: nv.nvmlDeviceGetHandleByIndex(int(key)))
+            else:
+                found = _attempt(lambda: nv.nvmlDeviceGetHandleByUUID(key))
+            if found is None:
+                return None
+            self._handles[key] = found
+        return self._handles[key]
+
+    def rank_handle(self, local_rank: int, uuid: str | None = None,
+                    environ: Mapping[str, str] | None = None) -> Any:
+        """The handle of a rank's GPU: by its UUID (from torch) when given, else by entry
+        ``local_rank`` of CUDA_VISIBLE_DEVICES (an NVML index with CUDA_DEVICE_ORDER=PCI_BUS_ID,
+        as the launcher sets, or a UUID), else NVML index ``local_rank``."""
+        if uuid:
+            return self.handle(uuid)
+        env = os.environ if environ is None else environ
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        tokens = [t.strip() for t in visible.split(",")] if visible else []
+        return self.handle(tokens[local_rank] if local_rank < len(tokens) else local_rank)
+
+    def info(self, index: int) -> GpuInfo | None:
+        """NVML index ``index`` as a GpuInfo (physical numbering), or None."""
+        nv, h = self._nv, self.handle(index)
+        if nv is None or h is None:
+            return None
+        try:
+            name, bus, uuid = (nv.nvmlDeviceGetName(h), nv.nvmlDeviceGetPciInfo(h).busId,
+                               nv.nvmlDeviceGetUUID(h))
+        except Exception:
+            return None
+        mem = _attempt(lambda: int(nv.nvmlDeviceGetMemoryInfo(h).total))
+        return GpuInfo(index, str(index), _text(name), _text(uuid), _text(bus), mem)
+
+    def read(self, handle: Any) -> GpuReading:
+        """Utilization, memory, temperature and power of the GPU of ``handle``."""
+        nv = self._nv
+        if nv is None or handle is None:
+            return NO_READING
+        mem = _attempt(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+        power_mw = _attempt(lambda: nv.nvmlDeviceGetPowerUsage(handle))
+        return GpuReading(
+            _attempt(lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)),
+            int(mem.used) if mem is not None else None,
+            int(mem.total) if mem is not None else None,
+            _attempt(lambda: float(nv.nvmlDeviceGetTemperature(handle,
+                                                               nv.NVML_TEMPERATURE_GPU))),
+            power_mw / 1000.0 if power_mw is not None else None)
+
+    def compute_processes(self) -> list[GpuProcess] | None:
+        """Every compute process on every GPU of this machine, or None when NVML cannot say."""
+        nv, n = self._nv, self.count()
+        if nv is None or n is None:
+            return None
+        found = []
+        try:
+            for i in range(n):
+                for proc in nv.nvmlDeviceGetComputeRunningProcesses(self.handle(i)):
+                    used = proc.usedGpuMemory
+                    found.append(GpuProcess(i, int(proc.pid),
+                                            None if used is None else int(used)))
+        except Exception:
+            return None
+        return found
+
+
+def list_gpus(environ: Mapping[str, str] | None = None) -> list[GpuInfo]:
+    """The GPUs this process may use, in index order. Empty when NVML is unavailable."""
+    env = os.environ if environ is None else environ
+    with Nvml() as nvml:
+        physical = [nvml.info(i) for i in range(nvml.count() or 0)]
+    if any(g is None for g in physical):
+        return []
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [g for g in physical if g is not None]
+    chosen: list[GpuInfo] = []
+    for token in [t.strip() for t in visible.split(",") if t.strip()]:
+        match = None
+        if token.isdigit():
+            n = int(token)
+            match = physical[n] if n < len(physical) else None
+        else:
+            match = next((g for g in physical if g is not None and g.uuid.startswith(token)),
+                         None)
+        if match is None:
+            break  # CUDA ignores everything after the first invalid entry
+        chosen.append(GpuInfo(len(chosen), token, match.name, match.uuid, match.pci_bus_id,
+                              match.mem_total_bytes))
+    return chosen
+
+
+def gpu_processes() -> list[GpuProcess] | None:
+    """Every compute process on every GPU of this machine; None when NVML is unavailable (no
+    driver, no GPU), so that "no GPU to check" is not mistaken for "nothing left"."""
+    with Nvml() as nvml:
+        return nvml.compute_processes()
+
+
+def gpu_leftovers(pids: Iterable[int], timeout_s: float = 5.0,
+                  interval_s: float = 0.25) -> list[GpuProcess]:
+    """Which of ``pids`` still hold a CUDA context (and GPU memory) by NVML, once the driver has
+    had up to ``timeout_s`` to release the contexts of processes that just exited. Empty when
+    none does, or when NVML is unavailable."""
+    wanted = set(pids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = [p for p in gpu_processes() or [] if p.pid in wanted]
+        if not held or time.monotonic() >= deadline:
+            return held
+        time.sleep(interval_s)
+
+
+def gpu_count(environ: Mapping[str, str] | None = None) -> int:
+    return len(list_gpus(environ))
+
+
+def cpu_count() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def visible_devices_for(gpus: list[int], inventory: list[GpuInfo]) -> str:
+    """The CUDA_VISIBLE_DEVICES value that exposes exactly ``gpus`` (in that order)."""
+    by_index = {g.index: g for g in inventory}
+    return ",".join(by_index[i].visible_id for i in gpus)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

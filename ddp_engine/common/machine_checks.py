@@ -1,0 +1,150 @@
+"""Checks of a config against this machine: devices, files, plugins, ports (still no torch)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import socket
+import zipfile
+from pathlib import Path
+
+from ddp_engine.common.config import RunConfig
+from ddp_engine.common.config_values import (
+    BUILTIN_DATASETS,
+    BUILTIN_LOSSES,
+    BUILTIN_MODELS,
+    MODULE_RE,
+    PATH_DATASETS,
+    ConfigError,
+    split_dataset,
+    split_plugin,
+)
+
+
+def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None:
+    """Checks that need the file system or the device count (still no torch).
+
+    Args:
+        cfg: the config to check.
+        gpu_count: GPUs visible to this process (NVML / CUDA_VISIBLE_DEVICES).
+        cpu_count: CPU cores usable by this process.
+
+    Raises:
+        ConfigError: naming the field, the value and what is allowed.
+    """
+    device = resolved_device(cfg, gpu_count)
+    if cfg.device == "cuda" and gpu_count == 0:
+        raise ConfigError("device: 'cuda' asked for but no GPU is visible on this machine; "
+                          "use --device cpu")
+    if cfg.gpus is not None:
+        for g in cfg.gpus:
+            if g >= gpu_count:
+                allowed = f"0..{gpu_count - 1}" if gpu_count else "none: no GPU is visible"
+                raise ConfigError(f"gpus: GPU {g} does not exist; allowed: {allowed}")
+    if cfg.nproc is not None:
+        limit = gpu_count if device == "cuda" else cpu_count
+        what = "GPUs" if device == "cuda" else "CPU cores"
+        if cfg.nproc > limit:
+            raise ConfigError(f"nproc must be between 1 and the number of {what} ({limit}), "
+                              f"got {cfg.nproc}")
+    if cfg.precision == "fp16" and device != "cuda":
+        raise ConfigError("precision: fp16 needs CUDA and no GPU is in use; use fp32 or bf16")
+    for field_name in ("model", "dataset", "loss"):
+        spec = getattr(cfg, field_name)
+        kind, path = split_dataset(spec) if field_name == "dataset" else ("", "")
+        if kind in PATH_DATASETS:
+            if not Path(path).exists():
+                raise ConfigError(f"dataset: path {path!r} of {spec!r} does not exist")
+            if kind == "text" and not Path(path).is_file():
+                raise ConfigError(f"dataset: {spec!r} must name a text file, {path!r} is not "
+                                  "a file")
+            if kind == "imagefolder" and not Path(path).is_dir():
+                raise ConfigError(f"dataset: {spec!r} must name a folder, {path!r} is not one")
+        elif spec not in BUILTIN_MODELS + BUILTIN_DATASETS + BUILTIN_LOSSES:
+            check_plugin(field_name, spec)
+    if cfg.resume is not None:
+        check_checkpoint_file(cfg.resume)
+    if cfg.run_dir is not None and Path(cfg.run_dir).exists() and not Path(cfg.run_dir).is_dir():
+        raise ConfigError(f"run_dir: {cfg.run_dir!r} is a file, not a folder")
+    if Path(cfg.runs_dir).exists() and not Path(cfg.runs_dir).is_dir():
+        raise ConfigError(f"runs_dir: {cfg.runs_dir!r} is a file, not a folder")
+    if cfg.telemetry and cfg.monitor_port and cfg.node_rank == 0:  # rank 0 serves, on node 0
+        check_port_free("monitor_port", cfg.monitor_port)
+
+
+def check_port_free(field_name: str, port: int) -> None:
+    """Raise ConfigError if nothing can listen on 127.0.0.1:``port`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise ConfigError(f"{field_name}: port {port} on 127.0.0.1 is not free "
+                              f"({e.strerror or e}); choose another, or 0 for a free one") \
+                from None
+
+
+def resolved_device(cfg: RunConfig, gpu_count: int) -> str:
+    """``"cuda"`` or ``"cpu"``: what ``device`` means on a machine with ``gpu_count`` GPUs."""
+    if cfg.device == "cpu":
+        return "cpu"
+    if cfg.device == "cuda" or cfg.gpus is not None:
+        return "cuda"
+    return "cuda" if gpu_count > 0 else "cpu"
+
+
+def check_plugin(field_name: str, spec: str) -> None:
+    """Check that a plugin's file (or module) exists and defines the function, without running
+    it: the source is parsed, not imported."""
+    target, func = split_plugin(spec)
+    if target.endswith(".py") or "/" in target or os.sep in target:
+        path = Path(target)
+        if not path.is_file():
+            raise ConfigError(f"{field_name}: plugin file {target!r} of {spec!r} does not exist")
+    else:
+        if not MODULE_RE.match(target):
+            raise ConfigError(f"{field_name}: {target!r} of {spec!r} is neither a .py file nor a "
+                              "module name")
+        try:
+            found = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise ConfigError(f"{field_name}: module {target!r} of {spec!r} cannot be found")
+        if not found.origin or not found.origin.endswith(".py"):
+            return  # compiled or namespace module: checked when the worker imports it
+        path = Path(found.origin)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as e:
+        raise ConfigError(f"{field_name}: plugin file {str(path)!r} has a syntax error at line "
+                          f"{e.lineno}: {e.msg}") from None
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    if func not in names:
+        defined = ", ".join(sorted(n for n in names if not n.startswith("_"))) or "nothing"
+        raise ConfigError(f"{field_name}: {str(path)!r} has no function {func!r} (it defines: "
+                          f"{defined})")
+
+
+def check_checkpoint_file(path: str) -> None:
+    """A cheap stdlib check that ``path`` looks like a torch checkpoint (a zip with data.pkl).
+
+    The engine checks the contents with torch before the run starts.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"resume: checkpoint {path!r} does not exist")
+    try:
+        with zipfile.ZipFile(p) as z:
+            ok = any(n.endswith("/data.pkl") for n in z.namelist())
+    except (zipfile.BadZipFile, OSError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"resume: {path!r} is not a Rankscope checkpoint (not a torch.save file)")

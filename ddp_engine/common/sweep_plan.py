@@ -1,0 +1,252 @@
+"""Scaling sweeps, as planned and as recorded (no torch: the app plans and reads sweeps here).
+
+A sweep trains one config on 1, 2, ... N devices in turn and measures the throughput of each
+count (the runner is :mod:`ddp_engine.launch.sweep`). It is a *run group*::
+
+    <runs_dir>/<name>-sweep-<YYYYmmdd-HHMMSS>/   (or exactly --run-dir)
+        group.json        the sweep: state, counts, steps, results per count
+        nproc-1/          an ordinary run folder (docs/RUN_FOLDER.md) trained on 1 device
+        nproc-2/          ... on 2 devices, and so on
+
+Every count is an ordinary launch, ``python -m ddp_engine launch --config nproc-N/launch.toml``,
+started as a child process in a session of its own (a Ctrl+C in the terminal reaches only the
+sweep, which forwards one SIGTERM: the launcher's agreed stop) with the kernel's parent-death
+signal armed (a sweep that is killed takes its launcher along). Counts run one after the other,
+never at once. The per-process batch size is kept (weak scaling, as DDP itself scales), so ideal
+scaling is a throughput ``n`` times that of one device.
+
+group.json is rewritten atomically after every change; its only writer is the sweep process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ddp_engine.common import gpus
+from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.machine_checks import check_environment, resolved_device
+from ddp_engine.common.run_dir import new_run_dir, read_json
+
+GROUP_FILE = "group.json"
+GROUP_KIND = "scaling_sweep"
+GROUP_VERSION = 1
+LAUNCH_FILE = "launch.toml"
+LAUNCHER_LOG = "launcher.log"
+DEFAULT_STEPS = 50
+MAX_DEFAULT_CPU_COUNT = 8
+"""Default counts on CPU go up to the number of cores, at most this many."""
+
+
+
+def subrun_name(nproc: int) -> str:
+    """The folder of one count inside the group: ``nproc-N``."""
+    return f"nproc-{nproc}"
+
+
+# ------------------------------------------------------------------------- throughput math
+def line_throughput(msg: Mapping[str, Any]) -> float | None:
+    """Samples/s of one ``metrics`` line: the sum over its ranks (missing values skipped).
+
+    Returns:
+        The total, or None when no rank reported a number.
+    """
+    values = [r.get("samples_per_s") for r in msg.get("ranks") or []]
+    numbers = [float(v) for v in values if isinstance(v, int | float)]
+    return sum(numbers) if numbers else None
+
+
+def line_step_time(msg: Mapping[str, Any]) -> float | None:
+    """Seconds per step of one ``metrics`` line: the slowest rank's (the all-reduce makes the
+    others wait for it), or None when no rank reported one."""
+    values = [r.get("step_time_s") for r in msg.get("ranks") or []]
+    numbers = [float(v) for v in values if isinstance(v, int | float)]
+    return max(numbers) if numbers else None
+
+
+def steady_median(values: Sequence[float | None]) -> float | None:
+    """The median of per-report values, without the first report (warm-up) when there are 3 or
+    more reports. None values are reports without a number: they count as reports for the
+    warm-up rule and are then skipped.
+
+    Args:
+        values: one value per metrics line, in order.
+
+    Returns:
+        The median, or None when nothing is left.
+    """
+    kept = list(values[1:] if len(values) >= 3 else values)
+    numbers = [v for v in kept if v is not None]
+    return statistics.median(numbers) if numbers else None
+
+
+def run_throughput(metrics: Iterable[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+    """Throughput of one run from its metrics.jsonl lines (other message types are skipped).
+
+    Args:
+        metrics: parsed metrics.jsonl lines, e.g. ``run_dir.iter_metrics(folder)``.
+
+    Returns:
+        ``(samples_per_s, step_time_s)``: medians over the metrics lines (see
+        :func:`steady_median`), each None when there is no number.
+    """
+    lines = [m for m in metrics if m.get("type") == "metrics"]
+    return (steady_median([line_throughput(m) for m in lines]),
+            steady_median([line_step_time(m) for m in lines]))
+
+
+def efficiencies(throughputs: Mapping[int, float | None]) -> dict[int, float | None]:
+    """Scaling efficiency per process count: ``thr(n) / (thr(base) * n / base)``.
+
+    ``base`` is the smallest count that has a throughput; counts without one get None.
+
+    Args:
+        throughputs: samples/s by process count (None: no measurement).
+
+    Returns:
+        Efficiency by process count (1.0 for the base; 1.0 everywhere is perfect scaling).
+    """
+    measured = {n: t for n, t in throughputs.items() if t is not None and t > 0}
+    if not measured:
+        return {n: None for n in throughputs}
+    base = min(measured)
+    per_device = measured[base] / base
+    return {n: (measured[n] / (per_device * n) if n in measured else None) for n in throughputs}
+
+
+def result_rows(runs: Sequence[tuple[int, str | None, float | None, float | None]]
+                ) -> list[dict[str, Any]]:
+    """group.json's ``results``: one row per finished count.
+
+    Args:
+        runs: ``(nproc, state, samples_per_s, step_time_s)`` per finished count.
+    """
+    eff = efficiencies({n: thr for n, _, thr, _ in runs})
+    return [{"nproc": n, "run": subrun_name(n), "state": state, "samples_per_s": thr,
+             "samples_per_s_per_device": thr / n if thr is not None else None,
+             "efficiency": eff[n], "step_time_s": step_time}
+            for n, state, thr, step_time in runs]
+
+
+# ---------------------------------------------------------------------------------- planning
+def parse_counts(text: str) -> list[int]:
+    """``--counts 1,2,4`` as a list (an argparse ``type``; ranges are checked by plan_sweep)."""
+    try:
+        counts = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"counts must be comma-separated process counts such as 1,2,4; got {text!r}") from None
+    if not counts:
+        raise argparse.ArgumentTypeError(f"counts must list at least one process count such as "
+                                         f"1,2,4; got {text!r}")
+    return counts
+
+
+@dataclasses.dataclass
+class SweepPlan:
+    """A checked sweep: the base config, the counts in order, and where they run."""
+
+    cfg: RunConfig
+    """The config as given (its max_steps, epochs, nproc and gpus are replaced per count)."""
+    counts: list[int]
+    """Process counts, ascending, each at most once."""
+    steps: int
+    """Optimizer steps per count."""
+    device: str
+    """``cuda`` or ``cpu``."""
+    gpus: list[int] | None
+    """The chosen GPUs on CUDA (count n uses the first n), None on CPU."""
+
+    def group_dir(self) -> Path:
+        """The group folder: ``--run-dir`` exactly, else a new ``<name>-sweep-<stamp>`` folder
+        under ``runs_dir`` (created by this call)."""
+        if self.cfg.run_dir:
+            path = Path(self.cfg.run_dir).resolve()
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+        return new_run_dir(self.cfg.runs_dir, self.cfg.default_name() + "-sweep").resolve()
+
+    def subrun_config(self, nproc: int, group_dir: Path) -> RunConfig:
+        """The launch config of one count: the base with nproc, devices, steps and folder set."""
+        suffix = "-" + subrun_name(nproc)
+        return dataclasses.replace(
+            self.cfg, nproc=nproc, device=self.device,
+            gpus=self.gpus[:nproc] if self.gpus is not None else None, max_steps=self.steps,
+            epochs=None, run_dir=str(group_dir / subrun_name(nproc)), dry_run=False,
+            name=self.cfg.default_name()[:64 - len(suffix)] + suffix)
+
+
+def plan_sweep(cfg: RunConfig, counts: list[int] | None = None, steps: int = DEFAULT_STEPS, *,
+               gpu_count: int | None = None, cpu_count: int | None = None) -> SweepPlan:
+    """Check a sweep against this machine before anything is written or started.
+
+    Args:
+        cfg: the base config (every launch flag).
+        counts: process counts; default 1..nproc when the config sets nproc, else 1..(chosen
+            GPUs) on CUDA, 1..min(CPU cores, 8) on CPU.
+        steps: optimizer steps per count.
+        gpu_count: GPUs visible (default: ask NVML).
+        cpu_count: usable CPU cores (default: this process's affinity).
+
+    Raises:
+        ConfigError: naming the flag, the value and what is allowed.
+    """
+    gpus_seen = gpus.gpu_count() if gpu_count is None else gpu_count
+    cpus = gpus.cpu_count() if cpu_count is None else cpu_count
+    if steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {steps}")
+    if cfg.resume is not None:
+        raise ConfigError(f"resume: a sweep trains every count from scratch; drop --resume "
+                          f"{cfg.resume!r}")
+    device = resolved_device(cfg, gpus_seen)
+    if cfg.device == "cuda" and gpus_seen == 0:
+        raise ConfigError("device: 'cuda' asked for but no GPU is visible on this machine; "
+                          "use --device cpu")
+    chosen: list[int] | None = None
+    if device == "cuda":
+        chosen = cfg.gpus if cfg.gpus is not None else list(range(gpus_seen))
+        limit = len(chosen)
+        what = f"the {limit} GPUs chosen"
+    else:
+        limit = cpus
+        what = f"the {cpus} CPU cores of this machine"
+    flag = "counts"
+    if counts is None:
+        if cfg.nproc is not None:
+            flag = "nproc"  # the largest count
+        top = cfg.nproc or (limit if device == "cuda" else min(cpus, MAX_DEFAULT_CPU_COUNT))
+        counts = list(range(1, top + 1))
+    for n in counts:
+        if n < 1:
+            raise ConfigError(f"counts: {n} is not allowed; each count must be >= 1")
+    if max(counts) > limit:
+        raise ConfigError(f"{flag}: {max(counts)} is more than {what}; allowed: 1..{limit}")
+    plan = SweepPlan(cfg, sorted(set(counts)), steps, device, chosen)
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else None
+    if run_dir is not None and ((run_dir / GROUP_FILE).exists() or any(
+            (run_dir / subrun_name(n)).exists() for n in plan.counts)):
+        raise ConfigError(f"run_dir: {cfg.run_dir!r} already holds a sweep; choose a new folder")
+    # The largest count is the strictest check of devices, plugins and paths.
+    widest = plan.subrun_config(plan.counts[-1], run_dir or Path(cfg.runs_dir))
+    check_environment(dataclasses.replace(widest, run_dir=cfg.run_dir), gpu_count=gpus_seen,
+                      cpu_count=cpus)
+    return plan
+
+
+# ----------------------------------------------------------------------------------- reading
+def is_group(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a run group folder (it holds group.json)."""
+    return (Path(path) / GROUP_FILE).is_file()
+
+
+def read_group(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """group.json of a run group folder, or None when missing, unreadable or not a sweep."""
+    data = read_json(Path(path) / GROUP_FILE)
+    if isinstance(data, dict) and data.get("kind") == GROUP_KIND:
+        return data
+    return None

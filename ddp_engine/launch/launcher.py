@@ -1,0 +1,270 @@
+"""The launcher: validate, write the run folder, run torchrun in-process, report, clean up.
+
+The launcher process *is* torchrun's elastic agent: it builds a torchrun command line, parses it
+with torchrun's own parser and runs it through ``torch.distributed.run.run``. The agent starts
+one worker per device (each in its own session); on a stop signal it forwards it to them, waits
+``--shutdown-timeout`` and then SIGKILLs. The launcher keeps SIGINT/SIGTERM/SIGHUP for itself
+(torchrun handles only SIGQUIT here, see LauncherSignals) so that a second signal can force.
+Around that the launcher:
+
+- validates the config against this machine before anything starts (exit 2 on bad input);
+- keeps RUN_DIR/status.json current from a monitor thread and prints progress lines;
+- turns the agent's outcome into a final state (completed, stopped, failed) with a reason;
+- sweeps every process of the run (SIGTERM, then SIGKILL) so none outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from ddp_engine.common import gpus
+from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.config_values import NODE_RANK_ENV
+from ddp_engine.common.processes import terminate_then_kill
+from ddp_engine.common.protocol import MONITOR_FILE
+from ddp_engine.common.run_dir import (
+    CONFIG_FILE,
+    atomic_write_json,
+    failed_rank_log,
+    read_rank_files,
+    remove_partial_writes,
+)
+from ddp_engine.launch.monitor import RunMonitor, StatusFile, fmt_mib
+from ddp_engine.launch.plan import plan_launch
+from ddp_engine.launch.signals import SWEEP_GRACE_S, LauncherSignals
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_FORCED = 130
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """Set the workers' variables in this (launcher) process for the duration of the run."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _failure_reason(failures: dict[int, Any], root: int) -> tuple[str, dict[str, Any]]:
+    """A one-line reason naming each failed rank (the root cause first), and per-rank exit
+    details. Ranks as the run numbers them (see :func:`_our_rank`)."""
+    parts = []
+    details: dict[str, Any] = {}
+    texts = set()
+    for rank, f in sorted(failures.items(), key=lambda kv: (kv[0] != root, kv[0])):
+        exitcode = int(f.exitcode)
+        entry: dict[str, Any] = {"exit_code": exitcode, "pid": f.pid}
+        if exitcode < 0:
+            entry["signal"] = f.signal_name()
+            parts.append(f"rank {rank} was killed by signal {f.signal_name()}")
+        else:
+            raw = f.message
+            if isinstance(raw, dict):  # torch's error file: {"message": ..., "extraInfo": ...}
+                raw = raw.get("message")
+            message = str(raw or "").strip().splitlines()
+            text = message[0] if message else f"exit code {exitcode}"
+            entry["error"] = text
+            texts.add(text)
+            parts.append(f"rank {rank} failed: {text}")
+        details[str(rank)] = entry
+    if len(failures) > 1 and len(texts) == 1 and len(parts) == len(failures) and all(
+            "error" in d for d in details.values()):  # every rank says the same: once
+        return f"ranks {', '.join(sorted(details, key=int))} failed: {texts.pop()}", details
+    return "; ".join(parts), details
+
+
+def _our_rank(torchrun_rank: int, cfg: RunConfig) -> int:
+    """A rank of this node as the run numbers it (node_rank * nproc + local rank) from
+    torchrun's number for it (the rendezvous's node order, which may differ)."""
+    nproc = cfg.nproc or 1
+    return cfg.node_rank * nproc + torchrun_rank % nproc if cfg.multi_node else torchrun_rank
+
+
+def _rank_error(run_dir: Path) -> str | None:
+    """The first exception a rank recorded in its rank file, if any."""
+    for rank, data in sorted(read_rank_files(run_dir).items()):
+        if data.get("state") == "failed" and data.get("error"):
+            return f"rank {rank} raised {data['error']}"
+    return None
+
+
+def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
+    """Run a whole launch. Returns the process exit code (0 completed or stopped)."""
+    # Handlers first, before status.json exists: whoever sees status.json may signal us, and a
+    # stop that early must end the run as "stopped during start-up", not kill the launcher.
+    signals = LauncherSignals()
+    signals.install()
+    try:
+        plan = plan_launch(cfg, create_run_dir=not cfg.dry_run)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if cfg.dry_run:
+        print(plan.command(), file=out)
+        print(plan.cfg.to_json(), file=out)
+        return EXIT_OK
+
+    run_dir = Path(plan.cfg.run_dir or ".")
+    for old in [*(run_dir / "ranks").glob("rank-*.json"), run_dir / MONITOR_FILE]:
+        old.unlink(missing_ok=True)  # left by an earlier run in this folder
+    atomic_write_json(run_dir / CONFIG_FILE, plan.cfg.to_dict())
+    status = StatusFile(run_dir, run_dir=str(run_dir), nproc=plan.cfg.nproc, device=plan.device,
+                        command=plan.command())
+    print(f"[rankscope] run folder {run_dir}", file=out, flush=True)
+    print(f"[rankscope] {plan.command()}", file=out, flush=True)
+    if plan.cfg.multi_node:
+        print(f"[rankscope] node {plan.cfg.node_rank} of {plan.cfg.nnodes}: meeting the other "
+              f"nodes at {plan.cfg.rdzv_endpoint} (rendezvous {plan.cfg.rendezvous_id()})",
+              file=out, flush=True)
+    monitor = RunMonitor(run_dir, status, out, world_size=plan.cfg.nproc or 1,
+                         node_rank=plan.cfg.node_rank)
+    signals.monitor = monitor
+    signals.forward_to_ranks = plan.cfg.multi_node
+    monitor.start()
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args
+    from torch.distributed.run import run as torchrun
+
+    signals.exception_type = SignalException
+    final: dict[str, Any] = {}
+    code = EXIT_FAILED
+    try:
+        if signals.seen:
+            raise SignalException("stop requested during start-up",
+                                  signal.Signals[signals.seen[0]])
+        signals.phase = "agent"
+        if not plan.cfg.multi_node:
+            os.environ.pop(NODE_RANK_ENV, None)  # this launcher's own environment
+        with _environment({**plan.env, "PET_SIGNALS_TO_HANDLE": "SIGQUIT"}):
+            torchrun(parse_args(plan.torchrun_args))
+        final = {"state": "completed"}
+        code = EXIT_OK
+    except ChildFailedError as e:
+        root, _ = e.get_first_failure()  # the earliest failure: the likely root cause
+        root = _our_rank(root, plan.cfg)
+        reason, details = _failure_reason(
+            {_our_rank(r, plan.cfg): f for r, f in e.failures.items()}, root)
+        final = {"state": "failed", "reason": reason, "ranks": details, "root_rank": root}
+    except SignalException as e:
+        final = {"state": "stopped", "stop_signal": e.sigval.name}
+        code = EXIT_OK
+    except Exception as e:  # rendezvous or agent failure
+        final = {"state": "failed", "reason": f"launcher: {type(e).__name__}: {e}"}
+    finally:
+        signals.phase = "done"
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # torchrun's handler for it would raise
+        monitor.request_stop()
+        monitor.join()
+        monitor.poll_once(scan_processes=True)
+        leftover = terminate_then_kill(monitor.procs.values(), SWEEP_GRACE_S)
+    signals_seen = signals.seen
+
+    world = plan.cfg.nproc or 1  # this node's ranks
+    mine = range(plan.cfg.node_rank * world, (plan.cfg.node_rank + 1) * world)
+    # Only this node's: a node started without a folder of its own (a plain torchrun script)
+    # writes its ranks' files into rank 0's.
+    ranks = {r: d for r, d in read_rank_files(run_dir).items() if r in mine}
+    states = {r: d.get("state") for r, d in ranks.items()}
+    step = max([d["step"] for d in ranks.values() if isinstance(d.get("step"), int)]
+               + [monitor.last_step])
+    all_ranks = len(states) == world
+    if final.get("state") in ("completed", "stopped"):
+        signalled = final.get("state") == "stopped"
+        if all_ranks and all(s == "stopped" for s in states.values()):
+            why = (monitor.stop_reason or next((d["reason"] for d in ranks.values()
+                                                if d.get("reason")), None)
+                   or f"signal {final.get('stop_signal')}")
+            final = {"state": "stopped", "reason": f"stop requested ({why}); all ranks stopped "
+                     f"at step {step}", **({"stop_signal": final["stop_signal"]}
+                                           if signalled else {})}
+            code = EXIT_OK
+        elif all_ranks and all(s == "completed" for s in states.values()):
+            final = {"state": "completed"}
+            code = EXIT_OK
+        elif _rank_error(run_dir):
+            final = {"state": "failed", "reason": _rank_error(run_dir)}
+            code = EXIT_FAILED
+        elif signalled and not states:
+            final = {"state": "stopped", "stop_signal": final["stop_signal"],
+                     "reason": f"stopped during start-up ({final['stop_signal']}), before any "
+                               "rank started training"}
+            code = EXIT_OK
+        elif signalled:
+            unclean = sorted(set(mine) - {r for r, s in states.items() if s == "stopped"})
+            final.update(forced=True, reason=f"forced stop ({', '.join(signals_seen)}): ranks "
+                         f"{unclean} were killed before they stopped cleanly")
+            code = EXIT_FORCED
+        else:
+            final = {"state": "failed", "reason": "torchrun ended but the ranks reported "
+                     f"{states or 'nothing'}"}
+            code = EXIT_FAILED
+    elif final.get("state") == "failed" and "rank" not in final.get("reason", "rank"):
+        final["reason"] = _rank_error(run_dir) or final["reason"]
+    errors = {str(d.get("error")) for d in ranks.values()}
+    if final.get("state") == "failed" and len(errors) == 1 and all(
+            d.get("state") == "failed" for d in ranks.values()):
+        (error,) = errors
+        if error.startswith("RunFailed: "):
+            # Every rank stopped cleanly and says why the run failed (a node's launcher
+            # died): that, not how torchrun saw its ranks exit.
+            final["reason"] = error.removeprefix("RunFailed: ")
+    if final.get("state") == "failed" and monitor.hang_hint:
+        final["reason"] += f"; before it failed, the run was stalled: {monitor.hang_hint}"
+    if leftover:
+        final["swept_pids"] = leftover
+    if plan.device == "cuda":  # processes gone by psutil; the GPUs must agree
+        pids = set(monitor.procs) | {d["pid"] for d in ranks.values()
+                                     if isinstance(d.get("pid"), int)}
+        held = gpus.gpu_leftovers(pids)
+        if held:
+            final["gpu_leftovers"] = [dataclasses.asdict(h) for h in held]
+            print("[rankscope] warning: NVML still lists processes of this run on a GPU: "
+                  + ", ".join(f"pid {h.pid} on GPU {h.gpu} ({fmt_mib(h.used_bytes)})"
+                              for h in held), file=out, flush=True)
+    # Every process of the run is gone: a temp file in checkpoints/ is from a save that was
+    # killed (last.pt itself is the previous checkpoint, intact).
+    partial = remove_partial_writes(run_dir / "checkpoints")
+    if partial:
+        final["removed_partial_checkpoints"] = sorted(p.name for p in partial)
+    exit_codes = {str(r): (0 if s in ("completed", "stopped") else None) for r, s in states.items()}
+    for r, d in (final.get("ranks") or {}).items():
+        exit_codes[r] = d.get("exit_code")
+    status.update(step=step, exit_codes=exit_codes, ended=time.time(), stall=None, **final)
+    _report_end(run_dir, status.data, out)
+    return code
+
+
+def _report_end(run_dir: Path, data: dict[str, Any], out: TextIO) -> None:
+    state = data.get("state")
+    line = f"[rankscope] {state} at step {data.get('step')}"
+    if data.get("reason"):
+        line += f": {data['reason']}"
+    print(line, file=out, flush=True)
+    if data.get("checkpoint"):
+        print(f"[rankscope] checkpoint: {data['checkpoint']}", file=out, flush=True)
+    if state == "failed":
+        rank, path, lines = failed_rank_log(run_dir, data, 15)
+        if path is not None:
+            print(f"[rankscope] last lines of rank {rank}'s log ({path}):", file=out)
+            for text in lines:
+                print(f"    {text}", file=out)
+        out.flush()

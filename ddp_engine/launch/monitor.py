@@ -1,0 +1,242 @@
+"""Watching a run from the launcher: RUN_DIR/status.json kept current, the ranks' heartbeats and
+processes noted, rank 0's metrics read back for the progress lines and the stall hints."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import psutil
+
+from ddp_engine.common.heartbeat import (
+    ReportClock,
+    fmt_seconds,
+    hang_hint,
+    read_heartbeats,
+    stall_text,
+)
+from ddp_engine.common.run_dir import (
+    FINAL_STATES,
+    STATUS_FILE,
+    MetricsTail,
+    atomic_write_json,
+    read_rank_files,
+)
+from ddp_engine.common.runs import fmt_duration
+
+
+class StatusFile:
+    """status.json, rewritten atomically; the launcher is its only writer."""
+
+    def __init__(self, folder: Path, **initial: Any) -> None:
+        self.path = folder / STATUS_FILE
+        self._lock = threading.Lock()
+        self.error: OSError | None = None
+        self.data: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0,
+                                     "launcher_pid": os.getpid(), "pids": {},
+                                     "hostname": socket.gethostname(),
+                                     "started": time.time(), **initial}
+        self._write()
+
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            if self.data.get("state") in FINAL_STATES and "state" not in fields:
+                return
+            changed = any(self.data.get(k) != v for k, v in fields.items())
+            self.data.update(fields)
+            if changed:
+                self._write()
+
+    def _write(self) -> None:
+        try:
+            atomic_write_json(self.path, {**self.data, "updated": time.time()})
+        except OSError as e:  # a full disk: the terminal still gets every line
+            if self.error is None:
+                print(f"[rankscope] warning: {self.path} cannot be written ({e.strerror}); "
+                      "it may show an older state", file=sys.stderr, flush=True)
+            self.error = e
+
+
+class RunMonitor(threading.Thread):
+    """Follows metrics.jsonl and the rank files: updates status.json, prints progress, and
+    remembers every process of the run for the final sweep."""
+
+    def __init__(self, run_dir: Path, status: StatusFile, out: TextIO, world_size: int = 1,
+                 interval_s: float = 0.25, process_scan_s: float = 2.0, node_rank: int = 0,
+                 beat_print_s: float = 10.0) -> None:
+        super().__init__(name="rankscope-run-monitor", daemon=True)
+        self.run_dir = run_dir
+        self.status = status
+        self.out = out
+        self.interval_s = interval_s
+        self.world_size = world_size
+        self.tail = MetricsTail(run_dir, from_end=True)  # not what an earlier run left
+        self.procs: dict[int, psutil.Process] = {}
+        self.process_scan_s = process_scan_s  # a recursive scan reads all of /proc: ~2 ms
+        self._next_scan = 0.0
+        self.total_steps: int | None = None
+        self.last_step = 0
+        self.stop_reason: str | None = None
+        self._stop_event = threading.Event()
+        self._rate: list[tuple[float, int]] = []
+        self.clock = ReportClock()
+        self.hang_hint: str | None = None
+        """While the run is stalled: which rank it waits for, from the heartbeats, as first
+        diagnosed (later looks see the consequences: a rank that timed out and exited)."""
+        self._stall_printed = 0.0
+        self.node_rank = node_rank
+        """Above 0: global rank 0, with metrics.jsonl, is on another node; this node's
+        progress comes from its ranks' heartbeats, printed every ``beat_print_s``."""
+        self.beat_print_s = beat_print_s
+        self._beat_printed = 0.0
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            self.poll_once()
+
+    def request_stop(self) -> None:
+        self._stop_event.set()
+
+    def poll_once(self, scan_processes: bool = False) -> bool:
+        """One look at the run folder (and every ``process_scan_s`` at the process tree).
+        Returns True if anything was new."""
+        self._remember_processes(force=scan_processes)
+        new = self.tail.poll()
+        # Of consecutive metrics, only the latest is printed and written to status.json: a
+        # poll's worth of reports costs one write (on a machine whose every core trains).
+        latest = None
+        for msg in new:
+            if msg.get("type") == "metrics":
+                self.clock.tick(float(msg.get("time") or time.time()))
+                latest = msg
+                continue
+            if latest is not None:
+                self._progress(latest)
+                latest = None
+            self._handle(msg)
+        if latest is not None:
+            self._progress(latest)
+        if self.node_rank:
+            self._beats()
+        else:
+            self._check_stall()
+        first = self.node_rank * self.world_size  # this node's ranks only
+        ranks = {r: d for r, d in read_rank_files(self.run_dir).items()
+                 if first <= r < first + self.world_size}
+        pids = {str(r): d.get("pid") for r, d in sorted(ranks.items())}
+        if pids:
+            self.status.update(pids=pids)
+        if len(ranks) >= self.world_size and self.status.data.get("state") == "starting" and all(
+                d.get("state") == "running" for d in ranks.values()):
+            self.status.update(state="running")
+        return bool(new)
+
+    def _beats(self) -> None:
+        """Progress of a node other than 0: its ranks' steps, from their heartbeats."""
+        beats = read_heartbeats(self.run_dir)
+        steps = [b["step"] for b in beats.values() if isinstance(b.get("step"), int)]
+        if not steps:
+            return
+        self.last_step = min(steps)
+        self.status.update(step=self.last_step)
+        now = time.monotonic()
+        if now - self._beat_printed >= self.beat_print_s:
+            self._beat_printed = now
+            self._print(f"node {self.node_rank}: ranks {', '.join(map(str, sorted(beats)))} at "
+                        f"step {self.last_step} (node 0 has the metrics, checkpoints and "
+                        "telemetry)")
+
+    def _check_stall(self, print_every_s: float = 30.0) -> None:
+        """The app's hang hint, for a terminal user: printed when reports stop coming (5
+        typical intervals, at least 10 s) and every ``print_every_s`` while they stay away."""
+        now = time.time()
+        stall = self.clock.stall_s(now)
+        if stall is None or self.status.data.get("state") not in ("running", "stopping"):
+            if self.hang_hint is not None:
+                self.hang_hint = None
+                self.status.update(stall=None)
+            return
+        hint = hang_hint(read_heartbeats(self.run_dir), now)
+        self.hang_hint = self.hang_hint or hint
+        text = stall_text(stall, self.clock.typical_s(), self.last_step, hint)
+        if now - self._stall_printed >= print_every_s:
+            self._stall_printed = now
+            self._print(text)
+            self.status.update(stall=text)
+
+    def _remember_processes(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_scan:
+            return
+        self._next_scan = now + self.process_scan_s
+        try:
+            for child in psutil.Process().children(recursive=True):
+                self.procs.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("kind") if msg.get("type") == "event" else msg.get("type")
+        if kind == "run_start":
+            self.total_steps = msg.get("total_steps")
+            self.status.update(state="running", total_steps=self.total_steps,
+                               world_size=msg.get("world_size"))
+            self._print(f"training: {msg.get('world_size')} ranks ({msg.get('backend')}), "
+                        f"{self.total_steps} steps, {msg.get('steps_per_epoch')} per epoch, "
+                        f"from step {msg.get('start_step')}")
+        elif kind == "epoch_start":
+            self.status.update(epoch=msg.get("epoch"))
+        elif kind == "eval":
+            extra = (f", accuracy {_fmt(msg['val_accuracy'])}" if "val_accuracy" in msg else "")
+            took = (f" (took {fmt_seconds(msg['eval_s'])})"
+                    if isinstance(msg.get("eval_s"), int | float) else "")
+            self._print(f"eval at step {msg.get('step')}: val loss {_fmt(msg.get('val_loss'))}"
+                        f"{extra}{took}")
+            self.status.update(last_eval={k: msg.get(k) for k in
+                                          ("step", "val_loss", "val_accuracy", "eval_s")
+                                          if k in msg})
+        elif kind == "checkpoint_saved":
+            paths = msg.get("paths") or []
+            self.status.update(checkpoint=paths[0] if paths else None)
+            self._print(f"checkpoint saved at step {msg.get('step')}: {', '.join(paths)}")
+        elif kind == "stopping":
+            self.stop_reason = msg.get("reason")
+            self.status.update(state="stopping", step=msg.get("step"))
+            self._print(f"stopping at step {msg.get('step')} ({msg.get('reason')}); all ranks "
+                        "agreed")
+
+    def _progress(self, msg: dict[str, Any]) -> None:
+        step = int(msg.get("step", 0))
+        self._stall_printed = 0.0
+        self.last_step = step
+        self.status.update(step=step, epoch=msg.get("epoch"), last_metrics=msg)
+        ranks = msg.get("ranks") or []
+        losses = " ".join(f"r{r['rank']}={_fmt(r.get('loss'))}" for r in ranks)
+        rate = sum(r.get("samples_per_s") or 0.0 for r in ranks)
+        now = time.time()
+        self._rate.append((now, step))
+        self._rate = self._rate[-20:]
+        eta = "?"
+        total = self.total_steps or msg.get("total_steps")
+        if total and len(self._rate) >= 2 and self._rate[-1][1] > self._rate[0][1]:
+            steps_per_s = (self._rate[-1][1] - self._rate[0][1]) / (
+                self._rate[-1][0] - self._rate[0][0] + 1e-9)
+            eta = fmt_duration((total - step) / steps_per_s)
+        self._print(f"step {step}/{total or '?'} epoch {msg.get('epoch')} | loss {losses} | "
+                    f"{rate:,.0f} samples/s | ETA {eta}")
+
+    def _print(self, line: str) -> None:
+        print(f"[rankscope] {line}", file=self.out, flush=True)
+
+
+def fmt_mib(n: int | None) -> str:
+    return "memory unknown" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.4f}"

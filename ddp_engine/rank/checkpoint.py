@@ -1,0 +1,109 @@
+"""Checkpoints: written atomically by rank 0, loaded with ``weights_only=True``."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from ddp_engine.common.config import ConfigError
+from ddp_engine.common.run_dir import atomic_write
+
+FORMAT = "rankscope-checkpoint"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the message names the path, the cause and which
+    checkpoint the run keeps."""
+
+
+def save_atomic(payload: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """torch.save to a temp file in the same folder, fsync, then os.replace (and fsync the
+    folder). A kill at any moment leaves either the previous file or the new one, never a torn
+    file; the temp file a killed save leaves is removed by the next save of the same path.
+
+    Raises:
+        OSError: the file could not be written (full disk, permissions); ``path`` is untouched.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(p, lambda f: write_to(payload, f), sole_writer=True, durable=True)
+
+
+class _Recording:
+    """A file's ``write`` that remembers the OSError it raised: torch's zip writer turns it into
+    a RuntimeError ("unexpected pos 147520 vs 147472") that no longer says the disk is full."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def write_to(payload: dict[str, Any], f: BinaryIO) -> None:
+    """torch.save into an open file.
+
+    Raises:
+        OSError: the file could not be written (ENOSPC, EDQUOT, EIO), as the OS said it.
+    """
+    out = _Recording(f)
+    try:
+        torch.save(payload, out)  # type: ignore[arg-type]
+    except RuntimeError as e:
+        if out.error is not None:
+            raise out.error from e
+        raise
+
+
+def load(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load one of our checkpoints with ``weights_only=True``.
+
+    Raises:
+        ConfigError: the file is missing or is not a Rankscope checkpoint.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"resume: checkpoint {str(path)!r} does not exist")
+    try:
+        data = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # pickle, zip and weights_only errors all mean "not ours"
+        raise ConfigError(f"resume: {str(path)!r} is not a Rankscope checkpoint "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(f"resume: {str(path)!r} is not a Rankscope checkpoint (no "
+                          f"format={FORMAT!r} key)")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(f"resume: {str(path)!r} has format version "
+                          f"{data.get('format_version')!r}; this engine reads {FORMAT_VERSION}")
+    return data
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states in weights_only-loadable types (tensors, lists, ints)."""
+    version, state, gauss = random.getstate()
+    out: dict[str, Any] = {"torch": torch.get_rng_state(),
+                           "python": [version, list(state), gauss]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def restore_rng(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    version, state, gauss = states["python"]
+    random.setstate((version, tuple(state), gauss))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])

@@ -1,0 +1,438 @@
+"""The training loop: the standard DDP recipe, with an agreed stop at step boundaries."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import logging
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.heartbeat import Heartbeat
+from ddp_engine.rank import checkpoint
+from ddp_engine.rank.checkpoint import CheckpointError
+from ddp_engine.rank.data import DataBundle, build_datasets, make_loader
+from ddp_engine.rank.device_sampler import DeviceSampler
+from ddp_engine.rank.distributed import DistContext, Round, StopFlag, rank_places
+from ddp_engine.rank.losses import build_loss
+from ddp_engine.rank.models import build_model
+from ddp_engine.rank.reports import (
+    DEVICE_KEYS,
+    REPORT_FIELDS,
+    TIMING_FIELDS,
+    Interval,
+    rank_entries,
+)
+from ddp_engine.rank.sync_timing import StepTimer
+from ddp_engine.rank.telemetry import Telemetry
+
+log = logging.getLogger("ddp_engine.rank.trainer")
+
+@dataclass
+class Position:
+    """Where training is: optimizer steps done, and the place within the current epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+
+
+def build_optimizer(cfg: RunConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer ``cfg`` names (sgd, adam or adamw) with its lr, momentum and decay."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+class Trainer:
+    """Builds model, data and optimizer from a RunConfig and runs the loop on one rank."""
+
+    def __init__(self, cfg: RunConfig, ctx: DistContext, run_dir: Path, stop: StopFlag,
+                 telemetry: Telemetry | None = None, heartbeat: Heartbeat | None = None) -> None:
+        self.cfg = cfg
+        self.heartbeat = heartbeat
+        self.ctx = ctx
+        self.rank = ctx.info.rank
+        self.world = ctx.info.world_size
+        self.device = ctx.device
+        self.run_dir = run_dir
+        self.stop = stop
+        self.telemetry = telemetry  # rank 0 only
+        self.pos = Position()
+        self._last_eval_step = -1
+        self._last_checkpoint_step: int | None = None
+        self._poisoned = False  # a non-finite loss was seen and the policy is "stop"
+        self._report_epochs: dict[int, int] = {}  # reporting step -> its epoch, until published
+        # RANKSCOPE_SYNC_DEBUG=1: torch.cuda.set_sync_debug_mode("warn") around each step, so a
+        # host-device synchronization inside the step shows up as a warning in the rank's log.
+        self._sync_debug = (os.environ.get("RANKSCOPE_SYNC_DEBUG") == "1"
+                            and ctx.device.type == "cuda")
+
+        self.places = rank_places(ctx.info, ctx.side_group)  # host, node, local rank per rank
+        self.data: DataBundle = self._build_data()
+        torch.manual_seed(cfg.seed)  # same initial weights everywhere (DDP broadcasts rank 0's)
+        model = build_model(cfg, self.data.info).to(self.device)
+        on_cuda = self.device.type == "cuda"
+        self.model = DDP(model, device_ids=[self.device.index] if on_cuda else None,
+                         find_unused_parameters=cfg.find_unused_parameters)
+        torch.manual_seed(cfg.seed + self.rank)  # each rank its own dropout, augmentation, ...
+        self.timer = StepTimer(self.device) if cfg.telemetry else None
+        if self.timer is not None:
+            self.model.register_comm_hook(None, self.timer.hook)
+        gpu_uuid = (f"GPU-{torch.cuda.get_device_properties(self.device).uuid}"
+                    if on_cuda and cfg.telemetry else None)
+        self.device_sampler = (DeviceSampler(self.device.type, ctx.info.local_rank, gpu_uuid)
+                               if cfg.telemetry else None)
+        self.optimizer = build_optimizer(cfg, self.model.parameters())
+        self.loss_fn = build_loss(cfg.loss)
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+
+        self.loader, self.sampler = make_loader(
+            self.data.train, rank=self.rank, world_size=self.world, batch_size=cfg.batch_size,
+            seed=cfg.seed, shuffle=True, num_workers=cfg.num_workers, pin_memory=on_cuda,
+            drop_last=True)
+        self.steps_per_epoch = len(self.loader) // cfg.grad_accum
+        if self.steps_per_epoch == 0:
+            n = len(self.data.train)  # type: ignore[arg-type]
+            raise ConfigError(f"batch_size: {cfg.batch_size} x grad_accum {cfg.grad_accum} x "
+                              f"nproc {self.world} samples per step exceed the {n} training "
+                              "samples; lower batch_size, grad_accum or nproc")
+        limits = [cfg.max_steps or math.inf]
+        if cfg.total_epochs is not None:
+            limits.append(cfg.total_epochs * self.steps_per_epoch)
+        self.total_steps = int(min(limits))
+        self.val_loader = None
+        if self.data.val is not None and len(self.data.val) > 0:  # type: ignore[arg-type]
+            self.val_loader, _ = make_loader(
+                self.data.val, rank=self.rank, world_size=self.world, batch_size=cfg.batch_size,
+                seed=cfg.seed, shuffle=False, num_workers=0, pin_memory=on_cuda,
+                drop_last=False)
+        if cfg.resume:
+            self._resume(cfg.resume)
+
+    # ------------------------------------------------------------------------------ set-up
+    def _build_data(self) -> DataBundle:
+        """Build the datasets; when they are downloaded, local rank 0 alone downloads first."""
+        if not self.cfg.dataset_args.get("download"):
+            return build_datasets(self.cfg)
+        first = self.ctx.info.local_rank == 0
+        data = build_datasets(self.cfg) if first else None
+        dist.barrier(group=self.ctx.side_group)
+        if data is None:
+            data = build_datasets(dataclasses.replace(
+                self.cfg, dataset_args={**self.cfg.dataset_args, "download": False}))
+        return data
+
+    def _resume(self, path: str) -> None:
+        # On the CPU: load_state_dict moves tensors to the parameters' devices, and RNG states
+        # must stay CPU byte tensors.
+        state = checkpoint.load(path, map_location="cpu")
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.pos = Position(int(state["step"]), int(state["epoch"]),
+                            int(state["step_in_epoch"]))
+        rngs = state.get("rng") or []
+        if len(rngs) == self.world:
+            checkpoint.restore_rng(rngs[self.rank])
+        else:
+            torch.manual_seed(self.cfg.seed + self.rank + 1_000_003 * self.pos.step)
+        log.info("resumed from %s at step %d (epoch %d, step %d of it)", path, self.pos.step,
+                 self.pos.epoch, self.pos.step_in_epoch)
+
+    # ------------------------------------------------------------------------------ the loop
+    def run(self) -> str:
+        """Train until done or an agreed stop. Returns "completed" or "stopped"."""
+        if self.device_sampler is not None:
+            self.device_sampler.start()
+        try:
+            return self._run()
+        finally:
+            if self.device_sampler is not None:
+                self.device_sampler.request_stop()
+
+    def _run(self) -> str:
+        cfg = self.cfg
+        self._emit_event("run_start", total_steps=self.total_steps, world_size=self.world,
+                         steps_per_epoch=self.steps_per_epoch, backend=self.ctx.backend,
+                         start_step=self.pos.step,
+                         nnodes=len({p.get("node") for p in self.places}),
+                         hosts=sorted({str(p.get("host")) for p in self.places}))
+        outcome = "completed"
+        interval = Interval()
+        self.model.train()
+        while self.pos.step < self.total_steps:
+            self.sampler.set_epoch(self.pos.epoch)
+            self.sampler.skip(self.pos.step_in_epoch * cfg.grad_accum * cfg.batch_size)
+            self._emit_event("epoch_start", epoch=self.pos.epoch)
+            batches = iter(self.loader)
+            while self.pos.step_in_epoch < self.steps_per_epoch:
+                if self._sync_debug:  # report any host-device sync inside the step
+                    torch.cuda.set_sync_debug_mode("warn")
+                loss = self._train_step(batches)
+                if self._sync_debug:
+                    torch.cuda.set_sync_debug_mode("default")
+                self.pos.step += 1
+                self.pos.step_in_epoch += 1
+                interval.add(loss, cfg.batch_size * cfg.grad_accum)
+                step = self.pos.step
+                last = step >= self.total_steps
+                checkpoint_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+                # A checkpoint step is a reporting step too, read at once: the loss is checked
+                # before the weights are saved, so a NaN never reaches last.pt.
+                report_due = step % cfg.log_every == 0 or last or checkpoint_due
+                self._phase("stop_check")
+                rounds = self.stop.after_step(
+                    step, (lambda: self._row(interval)) if report_due else None,
+                    flush=checkpoint_due or last)
+                if self._publish(rounds) or self.stop.stopping:
+                    outcome = "stopped"
+                    break
+                if checkpoint_due:
+                    self._phase("checkpoint")
+                    self.save_checkpoint(periodic=True)
+                if self.val_loader is not None and cfg.eval_every and step % cfg.eval_every == 0:
+                    self._phase("eval")
+                    interval.eval_s += self.evaluate()["eval_s"]  # work the steps waited for
+                    self.model.train()
+                if last:
+                    break
+            if outcome == "stopped":
+                break
+            if self.pos.step_in_epoch >= self.steps_per_epoch:
+                self.pos.epoch += 1
+                self.pos.step_in_epoch = 0
+        self.stop.settle()  # a round left in flight by a break (its report is not needed)
+        if interval.steps and not self._poisoned:  # the steps since the last report
+            self._publish([self.stop.gather(self.pos.step, self._row(interval))])
+        if outcome == "stopped":
+            self._emit_event("stopping", step=self.pos.step, reason=self.stop.reason)
+        elif self.val_loader is not None and self._last_eval_step != self.pos.step:
+            self.evaluate()
+        if not self._poisoned:  # weights after a NaN loss are not worth keeping
+            self.save_checkpoint(periodic=False)
+        self._emit_event(outcome, step=self.pos.step, epoch=self.pos.epoch)
+        return outcome
+
+    def _train_step(self, batches: Iterator[Any]) -> torch.Tensor:
+        """One optimizer step over grad_accum micro-batches; returns the mean loss (on device,
+        detached). Per-step work only: what can wait for a reporting step, waits."""
+        cfg = self.cfg
+        timer = self.timer
+        accum = cfg.grad_accum
+        on_cpu = self.device.type == "cpu"
+        total: torch.Tensor | None = None
+        for micro in range(accum):
+            self._phase("data")
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            if timer is not None:
+                timer.add_data_wait(time.perf_counter() - t0)
+            if not on_cpu:
+                x = x.to(self.device, non_blocking=True)
+                y = y.to(self.device, non_blocking=True)
+            last = micro == accum - 1
+            # no_sync skips the gradient all-reduce on all but the last micro-step.
+            with contextlib.nullcontext() if last else self.model.no_sync():
+                self._phase("forward")
+                s0 = timer.stamp() if timer is not None else None
+                if self.autocast_dtype is None:
+                    loss = self.loss_fn(self.model(x), y)
+                else:
+                    with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+                        loss = self.loss_fn(self.model(x), y)
+                if accum > 1:
+                    loss = loss / accum
+                s1 = timer.stamp() if timer is not None else None
+                self._phase("backward")  # ends waiting for the gradient all-reduce
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+                if timer is not None:
+                    s2 = timer.stamp()
+                    timer.phase("forward", s0, s1)
+                    timer.phase("backward", s1, s2)
+                    if last:
+                        timer.mark_backward_end(s2)
+            part = loss.detach()
+            total = part if total is None else total + part
+        s3 = timer.stamp() if timer is not None else None
+        self._phase("optimizer")
+        if cfg.grad_clip is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if timer is not None:
+            timer.phase("optimizer", s3, timer.stamp())
+            timer.end_step()
+        assert total is not None
+        return total
+
+    # ------------------------------------------------------------------------------ reporting
+    def _phase(self, phase: str) -> None:
+        """Tell the heartbeat where the loop is (two attribute writes, no I/O)."""
+        if self.heartbeat is not None:
+            self.heartbeat.enter(phase, self.pos.step)
+
+    def _kept(self) -> str:
+        """Which checkpoint a run that ends now leaves, in words."""
+        last = self._last_checkpoint_step
+        return (f"checkpoints/last.pt (step {last}) is kept" if last is not None
+                else "no checkpoint was saved before it")
+
+    def _nonfinite(self, bad: dict[int, float], at: int) -> bool:
+        """A rank's loss was NaN or infinite in the interval up to step ``at``: warn, and
+        (policy "stop") stop. Every rank decides from the same gathered rows, so all stop at
+        this step without another collective. Returns True to stop."""
+        where = ", ".join(f"rank {r}: {v}" for r, v in sorted(bad.items()))
+        stop = self.cfg.nonfinite_loss == "stop"
+        message = (f"non-finite loss at step {at} ({where})"
+                   + (f": stopping at step {self.pos.step}; {self._kept()}" if stop
+                      else ": training goes on (--nonfinite-loss warn)"))
+        self._emit_event("warning", step=at, message=message,
+                         ranks=sorted(bad), cause="nonfinite_loss")
+        if stop:
+            self._poisoned = True
+            self.stop.request(message)
+        return stop
+
+    def _row(self, interval: Interval) -> list[float]:
+        """This rank's report since the last one, as floats in REPORT_FIELDS order (NaN for
+        None). Taken on reporting steps only."""
+        values: dict[str, float | None] = dict(interval.take())  # the loss's .item(): a
+        # host-device sync point, on reporting steps only
+        values.update(self.timer.collect() if self.timer is not None
+                      else dict.fromkeys(TIMING_FIELDS))
+        values.update(self.device_sampler.latest() if self.device_sampler is not None
+                      else dict.fromkeys(DEVICE_KEYS))
+        values["process_cpu_s"] = time.process_time()  # CPU work so far: what a cost costs
+        values["local_rank"] = self.ctx.info.local_rank
+        values["on_cuda"] = 1.0 if self.device.type == "cuda" else 0.0
+        self._report_epochs[self.pos.step] = self.pos.epoch  # named when it is published
+        return [math.nan if values[k] is None else float(values[k] or 0.0) for k in REPORT_FIELDS]
+
+    def _publish(self, rounds: list[Round]) -> bool:
+        """Act on the reports the agreed-stop rounds brought: rank 0 publishes them; every rank
+        checks the losses (the same rows everywhere, so every rank decides alike, without
+        another collective). Returns True to stop for a non-finite loss."""
+        stop = False
+        for done in rounds:
+            if not done.reported:
+                continue
+            rows = done.reports()
+            loss_at = REPORT_FIELDS.index("loss")
+            bad = {r: got[loss_at] for r, got in enumerate(rows)
+                   if not math.isfinite(got[loss_at])}
+            epoch = self._report_epochs.pop(done.step, self.pos.epoch)
+            if self.telemetry is not None:
+                self._publish_metrics(done, rows, epoch)
+            if bad and not stop:
+                stop = self._nonfinite(bad, done.step)
+        return stop
+
+    def _publish_metrics(self, done: Round, rows: list[list[float]], epoch: int) -> None:
+        assert self.telemetry is not None
+        ranks = rank_entries(rows, self.places)
+        # Stamped when the rows were taken, not when the round was read (a round later).
+        self.telemetry.publish({"type": "metrics", "time": done.time, "step": done.step,
+                                "epoch": epoch,
+                                "total_steps": self.total_steps, "ranks": ranks})
+
+    def _emit_event(self, kind: str, **fields: Any) -> None:
+        if self.telemetry is not None:
+            self.telemetry.publish({"type": "event", "kind": kind, **fields})
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss (and accuracy for classification) over all ranks' shards, and how
+        long it took (``eval_s``, this rank's seconds)."""
+        assert self.val_loader is not None
+        started = time.perf_counter()
+        self.model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss*n, correct, n
+        for x, y in self.val_loader:
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                                enabled=self.autocast_dtype is not None):
+                out = self.model(x)
+                loss = self.loss_fn(out, y)
+            n = y.size(0)
+            sums[0] += loss.double() * n
+            sums[2] += n
+            if self.data.info.task == "classification" and out.dim() == 2:
+                sums[1] += (out.argmax(dim=1) == y).sum().double()
+        dist.all_reduce(sums)
+        total = max(sums[2].item(), 1.0)  # note: .item() syncs; evaluation only
+        result = {"val_loss": sums[0].item() / total}
+        if self.data.info.task == "classification":
+            result["val_accuracy"] = sums[1].item() / total
+        result["eval_s"] = time.perf_counter() - started
+        self._last_eval_step = self.pos.step
+        self._emit_event("eval", step=self.pos.step, epoch=self.pos.epoch, **result)
+        return result
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, *, periodic: bool) -> None:
+        """Collective: every rank contributes its RNG state; rank 0 alone writes the file."""
+        rngs: list[Any] = [None] * self.world
+        dist.all_gather_object(rngs, checkpoint.capture_rng(), group=self.ctx.side_group)
+        if self.rank != 0:
+            self._last_checkpoint_step = self.pos.step
+            return
+        pos = self.pos
+        epoch, step_in_epoch = pos.epoch, pos.step_in_epoch
+        if step_in_epoch >= self.steps_per_epoch:
+            epoch, step_in_epoch = epoch + 1, 0
+        payload = {
+            "format": checkpoint.FORMAT,
+            "format_version": checkpoint.FORMAT_VERSION,
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "step": pos.step,
+            "epoch": epoch,
+            "step_in_epoch": step_in_epoch,
+            "world_size": self.world,
+            "rng": rngs,
+            "config": self.cfg.to_dict(),
+        }
+        folder = self.run_dir / "checkpoints"
+        paths = [folder / "last.pt"]
+        if periodic and self.cfg.keep_step_checkpoints:
+            paths.append(folder / f"step-{pos.step}.pt")
+        for path in paths:
+            try:
+                checkpoint.save_atomic(payload, path)
+            except OSError as e:  # full disk, quota, permissions: the previous file is intact
+                why = e.strerror or str(e)
+                code = f"{errno.errorcode.get(e.errno, e.errno)}, " if e.errno else ""
+                raise CheckpointError(f"the checkpoint of step {pos.step} could not be written "
+                                      f"to {path} ({code}{why}); {self._kept()}") from e
+            if path.name == "last.pt":
+                self._last_checkpoint_step = pos.step
+        self._emit_event("checkpoint_saved", step=pos.step, epoch=epoch,
+                         paths=[str(p) for p in paths])

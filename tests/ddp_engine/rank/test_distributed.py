@@ -1,0 +1,118 @@
+"""The agreed stop in a real two-process gloo group: every rank stops after the same step, and
+slow steps are checked often enough that a stop waits about one step."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ddp_engine.common.config_values import NODE_RANK_ENV
+from ddp_engine.rank.distributed import LOST_LAUNCHER, STOP_CHECK_S, DistInfo, StopFlag
+
+
+def _rank(rank: int, port: int, slow_s: float, out: str, lost: bool = False) -> None:
+    """Rank ``rank`` of 2: steps of ``slow_s`` on rank 1 (none on rank 0); rank 0 asks to stop
+    before its step 8 (``lost``: rank 1 does, as when node 1's launcher dies). Writes the
+    steps it checked at, the one it stopped after, and the reason and failure it got."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ[NODE_RANK_ENV] = str(rank)  # as if each rank were a node of its own
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        flag = StopFlag(5, dist.group.WORLD)
+        stopped = None
+        for step in range(1, 40):
+            if rank == 1:
+                time.sleep(slow_s)  # the step's work
+            if rank == 0 and step == 8 and not lost:
+                flag.request("test")
+            if rank == 1 and step == 8 and lost:
+                flag.request("orphaned", LOST_LAUNCHER + 1)
+            flag.after_step(step)
+            if flag.stopping:
+                stopped = step
+                break
+        Path(out, f"rank{rank}.json").write_text(json.dumps({
+            "rounds": flag.rounds, "stopped": stopped, "reason": flag.reason,
+            "failure": flag.failure}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(tmp_path: Path, slow_s: float, lost: bool = False) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_rank, args=(port, slow_s, str(tmp_path), lost), nprocs=2, join=True,
+                       start_method="spawn")
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_fast_steps_are_checked_every_n_steps_and_read_a_round_later(tmp_path: Path) -> None:
+    ranks = _run(tmp_path, slow_s=0.0)
+    assert ranks[0] == ranks[1]  # the same rounds, the same stop step, the same reason
+    # the first round is read at once; later ones at the next round, so the request made
+    # before step 8 goes out with round 10, which is read, and agreed, at step 15
+    assert ranks[0] == {"rounds": [5, 10], "stopped": 15, "reason": "test",
+                        "failure": None}
+
+
+def test_slow_steps_on_one_rank_are_checked_every_step_on_all(tmp_path: Path) -> None:
+    ranks = _run(tmp_path, slow_s=0.3)
+    assert ranks[0] == ranks[1]
+    # from the first check on, the slowest rank's 0.3 s per step sets the pace: every step
+    # (each round read at once: a round later would delay a stop by 0.3 s, over LAG_S)
+    assert ranks[0] == {"rounds": [5, 6, 7, 8], "stopped": 8, "reason": "test", "failure": None}
+
+
+@pytest.mark.parametrize(("per_step_s", "steps"), [(0.0, 5), (0.01, 5), (STOP_CHECK_S / 3.5, 3),
+                                                   (STOP_CHECK_S, 1), (30.0, 1)])
+def test_the_check_interval_is_at_most_every_and_about_stop_check_s(per_step_s: float,
+                                                                    steps: int) -> None:
+    assert StopFlag(5).interval(per_step_s) == steps
+
+
+def test_a_lost_launcher_stops_every_rank_as_a_failure_naming_its_node(tmp_path: Path) -> None:
+    ranks = _run(tmp_path, 0.0, lost=True)
+    assert ranks[0]["stopped"] == ranks[1]["stopped"] == 15
+    assert [r["failure"] for r in ranks] == ["the launcher of node 1 died"] * 2
+    assert [r["reason"] for r in ranks] == ["the launcher of node 1 died"] * 2
+
+
+def test_ranks_are_numbered_by_node_rank_not_by_the_rendezvous(monkeypatch) -> None:
+    # torchrun's rendezvous put this node second (its ranks 2, 3); the user made it node 0.
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv(NODE_RANK_ENV, "0")
+    info = DistInfo.from_env()
+    assert (info.rank, info.local_rank, info.node_rank, info.world_size) == (1, 1, 0, 4)
+    assert os.environ["RANK"] == "1"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv(NODE_RANK_ENV, "2")  # a third node in a run of two
+    with pytest.raises(RuntimeError, match=r"node_rank: '2' does not fit this run of 2 nodes "
+                                           r"and 4 ranks \(2 on this node\)"):
+        DistInfo.from_env()
+    monkeypatch.setenv(NODE_RANK_ENV, "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # 1 process here, so 3 on the other node
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(RuntimeError, match="every node must run the same number of processes"):
+        DistInfo.from_env()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    with pytest.raises(RuntimeError, match="unset TORCH_DISABLE_SHARE_RDZV_TCP_STORE"):
+        DistInfo.from_env()
+    monkeypatch.setenv(NODE_RANK_ENV, "")  # left empty: one node, torchrun's numbers
+    monkeypatch.setenv("RANK", "3")
+    assert DistInfo.from_env().rank == 3
+    monkeypatch.delenv(NODE_RANK_ENV)
+    monkeypatch.setenv("RANK", "3")
+    assert DistInfo.from_env().rank == 3  # one node, or torchrun alone: torchrun's numbers

@@ -267,3 +267,21 @@ def export_tensorboard(run_dir: str | os.PathLike[str],
     for p in old:
         p.unlink(missing_ok=True)
     return event_file
+
+
+def export_run(run_dir: Path, kind: str, dest: Path | None = None) -> tuple[Path | None, str]:
+    """Export a run's metrics as CSV (``kind`` "csv", to ``dest``, default RUN/metrics.csv) or
+    TensorBoard event files (under ``dest``, default RUN/tensorboard).
+
+    Returns:
+        What was written (None when nothing was) and a line saying so, or why not.
+    """
+    try:
+        if kind == "csv":
+            out = Path(dest or run_dir / "metrics.csv")
+            rows = export_csv(run_dir, out)
+            return out, f"{rows} rows written to {out}"
+        out = export_tensorboard(run_dir, dest)
+        return out, f"TensorBoard events written: tensorboard --logdir {out.parent}"
+    except (OSError, ValueError, RuntimeError) as e:
+        return None, f"not exported: {e}"

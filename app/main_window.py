@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
-    QDialog,
-    QDialogButtonBox,
     QDockWidget,
     QFileDialog,
-    QFormLayout,
     QLabel,
-    QLineEdit,
     QMainWindow,
     QMessageBox,
     QScrollArea,
@@ -25,15 +19,25 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.dialogs import RemoteAttachDialog, ask_about_active_run
 from app.launch_panel import LaunchPanel
 from app.logs_view import LogsView
 from app.metric_store import MetricStore
 from app.run_controller import RunController
+from app.run_model import (
+    REMOTE_LOGS_NOTE,
+    failure_text,
+    finished_text,
+    left_text,
+    record_text,
+    restored_form,
+    resume_config,
+    save_form,
+)
 from app.runs_panel import RunsPanel
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.gpus import GpuInfo
 from ddp_engine.common.protocol import check_address
-from ddp_engine.common.run_dir import CONFIG_FILE, read_json, read_status
 from ddp_engine.common.runs import RunIndex, RunSummary, walk
 from ddp_engine.common.sweep_plan import is_group
 
@@ -42,84 +46,7 @@ if TYPE_CHECKING:
     from app.dashboard import Dashboard
     from app.scaling import ScalingView
 
-SETTINGS_KEY = "last_form"
 DASHBOARD_DELAY_MS = 50
-BAD_FIELD_STYLE = "border: 1px solid #d62728;"
-REMOTE_LOGS_NOTE = ("This run's rank 0 is on another machine: its ranks' logs are there, in "
-                    "RUN_DIR/logs/ (nothing to follow here).")
-
-
-def parse_remote(host: str, port: str, token: str) -> tuple[str, int, str]:
-    """The attach dialog's text fields as (host, port, token).
-
-    Raises:
-        ValueError: naming the field, the value and what is allowed.
-    """
-    host, port, token = host.strip(), port.strip(), token.strip()
-    try:
-        port_number = int(port)
-    except ValueError:
-        raise ValueError(f"port must be a whole number between 1 and 65535, got {port!r}") \
-            from None
-    check_address(host, port_number, token)
-    return host, port_number, token
-
-
-class RemoteAttachDialog(QDialog):
-    """Host, port and token of a rank 0 on another machine; bad input keeps it open, with the
-    reason and the field outlined."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setWindowTitle("Attach to remote rank 0")
-        self.host = QLineEdit("127.0.0.1")
-        self.host.setObjectName("remote_host")
-        self.port = QLineEdit()
-        self.port.setObjectName("remote_port")
-        self.port.setPlaceholderText("the run's --monitor-port, e.g. 29600")
-        self.token = QLineEdit()
-        self.token.setObjectName("remote_token")
-        self.token.setEchoMode(QLineEdit.EchoMode.Password)
-        self.token.setPlaceholderText('"token" of RUN_DIR/monitor.json on rank 0\'s machine')
-        self.error = QLabel("")
-        self.error.setObjectName("remote_error")
-        self.error.setWordWrap(True)
-        self.error.setStyleSheet("color: #d62728;")
-        hint = QLabel("Forward rank 0's telemetry port first, e.g. "
-                      "<code>ssh -L 29600:127.0.0.1:29600 node0</code> for a run started "
-                      "with <code>--monitor-port 29600</code>.")
-        hint.setWordWrap(True)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
-                                   | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        self.buttons = buttons
-        form = QFormLayout(self)
-        form.addRow(hint)
-        form.addRow("Host", self.host)
-        form.addRow("Port", self.port)
-        form.addRow("Token", self.token)
-        form.addRow(self.error)
-        form.addRow(buttons)
-
-    def values(self) -> tuple[str, int, str]:
-        """(host, port, token); ValueError naming the field when one is bad."""
-        return parse_remote(self.host.text(), self.port.text(), self.token.text())
-
-    def accept(self) -> None:
-        fields = {"host": self.host, "port": self.port, "token": self.token}
-        for field in fields.values():
-            field.setStyleSheet("")
-        try:
-            self.values()
-        except ValueError as e:
-            self.error.setText(str(e))
-            bad = fields.get(str(e).split(" ", 1)[0])
-            if bad is not None:
-                bad.setStyleSheet(BAD_FIELD_STYLE)
-            return
-        self.error.setText("")
-        super().accept()
 
 
 class MainWindow(QMainWindow):
@@ -348,10 +275,7 @@ class MainWindow(QMainWindow):
             return False
         remote = self.controller.remote
         self.controller.detach()
-        self.message_label.setText(
-            f"the run of rank 0 at {remote} goes on without this window" if remote else
-            f"{left.name if left else 'the run'} keeps training in the background "
-            "(Runs panel: live)")
+        self.message_label.setText(left_text(left, remote))
         return True
 
     # ------------------------------------------------------------------------------ runs
@@ -377,10 +301,7 @@ class MainWindow(QMainWindow):
         self._viewing(path)
         summary = RunIndex(path.parent).summarize(path)
         self.store.info.state = summary.state
-        self.message_label.setText(
-            f"{path.name}: {summary.state} at step {self.store.info.step} (from its record)"
-            + (f"; it ran on {summary.hostname}" if summary.hostname else "")
-            + (f": {summary.reason}" if summary.reason and summary.state != "completed" else ""))
+        self.message_label.setText(record_text(path, summary, self.store.info.step))
         return "record"
 
     def _reattach_on_start(self, summaries: list[RunSummary]) -> None:
@@ -407,49 +328,24 @@ class MainWindow(QMainWindow):
         """Fill the launch form with a stopped or failed run's config, resuming from its last
         checkpoint into a new run folder (linked to this one); the user edits and presses
         Start."""
-        path = Path(path).resolve()
-        ckpt = path / "checkpoints" / "last.pt"
-        data = read_json(path / CONFIG_FILE)
-        if not isinstance(data, dict) or not ckpt.is_file():
-            self.message_label.setText(f"cannot resume {path.name}: it has no config.json and "
-                                       "checkpoints/last.pt")
-            return None
         try:
-            cfg = RunConfig.from_dict(data, source=str(path / CONFIG_FILE))
-        except ConfigError as e:
-            self.message_label.setText(f"cannot resume {path.name}: {e}")
+            cfg, text = resume_config(Path(path).resolve(), Path(self.runs.runs_dir))
+        except ValueError as e:
+            self.message_label.setText(str(e))
             return None
-        cfg = dataclasses.replace(cfg, resume=str(ckpt), run_dir=None, dry_run=False,
-                                  runs_dir=str(self.runs.runs_dir))
         self.panel.set_config(cfg)
         self.launch_dock.raise_()
-        step = (read_status(path) or {}).get("step")
-        hint = ""
-        if isinstance(step, int) and cfg.max_steps is not None and cfg.max_steps <= step:
-            hint = f"; raise Max steps above {step} to train further"
-        self.message_label.setText(f"resume of {path.name} from step {step} loaded in the form:"
-                                   f" edit if needed, then Start (F5){hint}")
+        self.message_label.setText(text)
         return cfg
 
     def export_run(self, path: Path, kind: str, dest: Path | None = None) -> Path | None:
-        """Export a run's metrics as CSV (to ``dest``) or TensorBoard event files (under
-        ``dest``, default RUN/tensorboard). Returns what was written; errors go to the status
-        bar."""
+        """Export a run's metrics (see :func:`app.export.export_run`); what was written, or
+        why not, goes to the status bar."""
         from app import export
 
-        try:
-            if kind == "csv":
-                out = Path(dest or path / "metrics.csv")
-                rows = export.export_csv(path, out)
-                self.message_label.setText(f"{rows} rows written to {out}")
-                return out
-            out = export.export_tensorboard(path, dest)
-            self.message_label.setText(f"TensorBoard events written: tensorboard --logdir "
-                                       f"{out.parent}")
-            return out
-        except (OSError, ValueError, RuntimeError) as e:
-            self.message_label.setText(f"not exported: {e}")
-            return None
+        out, text = export.export_run(path, kind, dest)
+        self.message_label.setText(text)
+        return out
 
     def _export_dialog(self, path: Path, kind: str) -> None:
         if kind == "csv":
@@ -472,58 +368,26 @@ class MainWindow(QMainWindow):
 
     def _on_finished(self, result: dict[str, Any]) -> None:
         self.last_result = result
-        state = result.get("state")
-        remote = result.get("remote")
-        if state == "disconnected":  # no final event came: the store cannot know
-            self.store.info.state = state
-        text = str(state) + (f" at step {result['step']}" if result.get("step") is not None
-                             else "")
-        if result.get("reason"):
-            text += f": {result['reason']}"
-        leftover = result.get("leftover_pids") or []
-        text += (f" | rank 0 was at {remote}; the run's processes are on that machine (not "
-                 "checked from here)" if remote else
-                 f" | {len(leftover)} processes of the run could not be ended: {leftover}"
-                 if leftover else " | no process of the run is left")
-        held = result.get("gpu_leftovers") or []
-        if held:
-            text += (" | NVML still lists " + ", ".join(f"pid {h.get('pid')} on GPU "
-                                                       f"{h.get('gpu')}" for h in held))
-        self.message_label.setText(text)
-        if state == "failed":
-            codes = result.get("exit_codes") or {}
-            detail = ", ".join(
-                f"rank {r}: " + (f"signal {d['signal']}" if d.get("signal") else
-                                 f"exit code {d.get('exit_code')}")
-                for r, d in sorted((result.get("ranks") or {}).items())) or ", ".join(
-                f"rank {r}: exit code {c}" for r, c in sorted(codes.items()))
-            self.logs_tail = "\n".join(result.get("log_tail") or [])
-            logs = (f"The ranks' logs are on rank 0's machine ({remote}), in RUN_DIR/logs/."
-                    if remote else
-                    f"Last lines of rank {result.get('log_rank')}'s log:\n{self.logs_tail}")
+        if result.get("state") == "disconnected":  # no final event came: the store cannot know
+            self.store.info.state = "disconnected"
+        self.message_label.setText(finished_text(result))
+        if result.get("state") == "failed":
             # Window-modal but not blocking (open, not exec): timers, the Runs panel and
             # other runs' charts keep going while the message is up.
-            self.failure_box = QMessageBox(
-                QMessageBox.Icon.Warning, "Run failed",
-                f"{result.get('reason', 'the run failed')}\n\n{detail}\n\n{logs}",
-                QMessageBox.StandardButton.Ok, self)
+            self.failure_box = QMessageBox(QMessageBox.Icon.Warning, "Run failed",
+                                           failure_text(result),
+                                           QMessageBox.StandardButton.Ok, self)
             self.failure_box.open()
         self._update_actions()
 
     # ------------------------------------------------------------------------------ settings
     def _save_form(self, cfg: RunConfig) -> None:
-        cfg = dataclasses.replace(cfg, resume=None)  # the next start is a fresh run
-        self.settings.setValue(SETTINGS_KEY, cfg.to_json())
-        self.settings.sync()
+        save_form(self.settings, cfg)
 
     def _restore_form(self) -> None:
-        raw = self.settings.value(SETTINGS_KEY)
-        if not raw:
-            return
-        try:
-            self.panel.set_config(RunConfig.from_dict(json.loads(str(raw)), source="settings"))
-        except (ConfigError, ValueError):
-            pass  # settings from an older version: keep the defaults
+        cfg = restored_form(self.settings)
+        if cfg is not None:
+            self.panel.set_config(cfg)
 
     # ------------------------------------------------------------------------------ closing
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt's name)
@@ -535,19 +399,12 @@ class MainWindow(QMainWindow):
             self.runs.stop_watching()
             event.accept()
             return
-        box = QMessageBox(self)
-        box.setWindowTitle("A run is active")
-        box.setText("A run is training. Stop it, or leave it running in the background?")
-        stop = box.addButton("Stop the run", QMessageBox.ButtonRole.DestructiveRole)
-        leave = box.addButton("Leave it running", QMessageBox.ButtonRole.AcceptRole)
-        box.addButton(QMessageBox.StandardButton.Cancel)
-        box.exec()
-        clicked = box.clickedButton()
-        if clicked is leave:
+        answer = ask_about_active_run(self)
+        if answer == "leave":
             self.controller.detach()
             self.runs.stop_watching()
             event.accept()
-        elif clicked is stop:
+        elif answer == "stop":
             self.controller.stop()
             event.ignore()  # closes when the run has ended
             self.controller.finished.connect(lambda _r: self.close())

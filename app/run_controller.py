@@ -90,7 +90,7 @@ class RunController(QObject):
     @property
     def stop_requested(self) -> bool:
         """Stop was pressed here (the escalation is running)."""
-        return self.stopping.started
+        return bool(self.stopping.steps)
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
@@ -252,9 +252,8 @@ class RunController(QObject):
         """Begin the stop escalation (agreed stop first; for a remote run, only that)."""
         if not self.active or (self.launcher is None and self.remote is None):
             return
-        if self.stopping.started:
+        if self.stop_requested:
             return
-        self._set_state("stopping")
         if self.remote is not None:
             self.stopping = Escalation([Step(0.0, self._send_remote_stop)])
         else:
@@ -266,6 +265,7 @@ class RunController(QObject):
                      f"the run did not stop within {self.grace_s:g} s: SIGTERM sent"),
                 Step(self.kill_after_s, lambda: launcher.kill_all(wait_s=0.0),  # _finish waits
                      "the run did not end after SIGTERM: SIGKILL sent")])
+        self._set_state("stopping")
         self.stopping.start()
 
     def _agreed_stop(self) -> None:

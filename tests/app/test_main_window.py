@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QDialogButtonBox, QLabel
 
-from app.main_window import MainWindow, RemoteAttachDialog
+from app.dialogs import RemoteAttachDialog
+from app.main_window import MainWindow
 from ddp_engine.common.protocol import read_monitor_file
 from ddp_engine.common.run_dir import read_rank_files, read_status
 from ddp_engine.rank.telemetry import Telemetry

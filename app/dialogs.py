@@ -1,0 +1,88 @@
+"""The window's dialogs: attach to a remote rank 0, and what to do with a run on closing."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QWidget,
+)
+
+from app.run_model import parse_remote
+
+BAD_FIELD_STYLE = "border: 1px solid #d62728;"
+
+
+class RemoteAttachDialog(QDialog):
+    """Host, port and token of a rank 0 on another machine; bad input keeps it open, with the
+    reason and the field outlined."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Attach to remote rank 0")
+        self.host = QLineEdit("127.0.0.1")
+        self.host.setObjectName("remote_host")
+        self.port = QLineEdit()
+        self.port.setObjectName("remote_port")
+        self.port.setPlaceholderText("the run's --monitor-port, e.g. 29600")
+        self.token = QLineEdit()
+        self.token.setObjectName("remote_token")
+        self.token.setEchoMode(QLineEdit.EchoMode.Password)
+        self.token.setPlaceholderText('"token" of RUN_DIR/monitor.json on rank 0\'s machine')
+        self.error = QLabel("")
+        self.error.setObjectName("remote_error")
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet("color: #d62728;")
+        hint = QLabel("Forward rank 0's telemetry port first, e.g. "
+                      "<code>ssh -L 29600:127.0.0.1:29600 node0</code> for a run started "
+                      "with <code>--monitor-port 29600</code>.")
+        hint.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                   | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        self.buttons = buttons
+        form = QFormLayout(self)
+        form.addRow(hint)
+        form.addRow("Host", self.host)
+        form.addRow("Port", self.port)
+        form.addRow("Token", self.token)
+        form.addRow(self.error)
+        form.addRow(buttons)
+
+    def values(self) -> tuple[str, int, str]:
+        """(host, port, token); ValueError naming the field when one is bad."""
+        return parse_remote(self.host.text(), self.port.text(), self.token.text())
+
+    def accept(self) -> None:
+        fields = {"host": self.host, "port": self.port, "token": self.token}
+        for field in fields.values():
+            field.setStyleSheet("")
+        try:
+            self.values()
+        except ValueError as e:
+            self.error.setText(str(e))
+            bad = fields.get(str(e).split(" ", 1)[0])
+            if bad is not None:
+                bad.setStyleSheet(BAD_FIELD_STYLE)
+            return
+        self.error.setText("")
+        super().accept()
+
+
+def ask_about_active_run(parent: QWidget) -> str:
+    """Ask, on closing the window, what becomes of the run it is watching: "stop", "leave"
+    (it trains on in the background) or "cancel" (the window stays)."""
+    box = QMessageBox(parent)
+    box.setWindowTitle("A run is active")
+    box.setText("A run is training. Stop it, or leave it running in the background?")
+    stop = box.addButton("Stop the run", QMessageBox.ButtonRole.DestructiveRole)
+    leave = box.addButton("Leave it running", QMessageBox.ButtonRole.AcceptRole)
+    box.addButton(QMessageBox.StandardButton.Cancel)
+    box.exec()
+    clicked = box.clickedButton()
+    return "stop" if clicked is stop else "leave" if clicked is leave else "cancel"

@@ -1,0 +1,137 @@
+"""What the window says about a run, without Qt: the status line of a finished run, the failure
+message, a run opened from its record, a resume loaded into the form, the attach fields.
+
+The window (app/main_window.py) shows these texts; tests call them directly, without a window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.protocol import check_address
+from ddp_engine.common.run_dir import CONFIG_FILE, read_json, read_status
+from ddp_engine.common.runs import RunSummary
+
+REMOTE_LOGS_NOTE = ("This run's rank 0 is on another machine: its ranks' logs are there, in "
+                    "RUN_DIR/logs/ (nothing to follow here).")
+
+
+def parse_remote(host: str, port: str, token: str) -> tuple[str, int, str]:
+    """The attach dialog's text fields as (host, port, token).
+
+    Raises:
+        ValueError: naming the field, the value and what is allowed.
+    """
+    host, port, token = host.strip(), port.strip(), token.strip()
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise ValueError(f"port must be a whole number between 1 and 65535, got {port!r}") \
+            from None
+    check_address(host, port_number, token)
+    return host, port_number, token
+
+
+def finished_text(result: Mapping[str, Any]) -> str:
+    """The status-bar line for a run that ended: state, step, reason, and what is left of it."""
+    state = result.get("state")
+    remote = result.get("remote")
+    text = str(state) + (f" at step {result['step']}" if result.get("step") is not None else "")
+    if result.get("reason"):
+        text += f": {result['reason']}"
+    leftover = result.get("leftover_pids") or []
+    text += (f" | rank 0 was at {remote}; the run's processes are on that machine (not "
+             "checked from here)" if remote else
+             f" | {len(leftover)} processes of the run could not be ended: {leftover}"
+             if leftover else " | no process of the run is left")
+    held = result.get("gpu_leftovers") or []
+    if held:
+        text += (" | NVML still lists " + ", ".join(f"pid {h.get('pid')} on GPU "
+                                                   f"{h.get('gpu')}" for h in held))
+    return text
+
+
+def failure_text(result: Mapping[str, Any]) -> str:
+    """The message of the "Run failed" box: the reason, how each rank ended, its log's end."""
+    codes = result.get("exit_codes") or {}
+    detail = ", ".join(
+        f"rank {r}: " + (f"signal {d['signal']}" if d.get("signal") else
+                         f"exit code {d.get('exit_code')}")
+        for r, d in sorted((result.get("ranks") or {}).items())) or ", ".join(
+        f"rank {r}: exit code {c}" for r, c in sorted(codes.items()))
+    remote = result.get("remote")
+    logs = (f"The ranks' logs are on rank 0's machine ({remote}), in RUN_DIR/logs/." if remote
+            else f"Last lines of rank {result.get('log_rank')}'s log:\n"
+                 + "\n".join(result.get("log_tail") or []))
+    return f"{result.get('reason', 'the run failed')}\n\n{detail}\n\n{logs}"
+
+
+def record_text(path: Path, summary: RunSummary, step: int | None) -> str:
+    """The status-bar line for a run drawn from its record (not live)."""
+    return (f"{path.name}: {summary.state} at step {step} (from its record)"
+            + (f"; it ran on {summary.hostname}" if summary.hostname else "")
+            + (f": {summary.reason}" if summary.reason and summary.state != "completed"
+               else ""))
+
+
+def left_text(run_dir: Path | None, remote: str | None) -> str:
+    """What became of the run the window stopped watching to show another."""
+    if remote:
+        return f"the run of rank 0 at {remote} goes on without this window"
+    return (f"{run_dir.name if run_dir else 'the run'} keeps training in the background "
+            "(Runs panel: live)")
+
+
+def resume_config(path: Path, runs_dir: Path) -> tuple[RunConfig, str]:
+    """The config that resumes the run in ``path`` from its last checkpoint, into a new run
+    folder under ``runs_dir``, and the line that says so.
+
+    Raises:
+        ValueError: why it cannot be resumed (no config or checkpoint, a config that no longer
+            validates).
+    """
+    ckpt = path / "checkpoints" / "last.pt"
+    data = read_json(path / CONFIG_FILE)
+    if not isinstance(data, dict) or not ckpt.is_file():
+        raise ValueError(f"cannot resume {path.name}: it has no config.json and "
+                         "checkpoints/last.pt")
+    try:
+        cfg = RunConfig.from_dict(data, source=str(path / CONFIG_FILE))
+    except ConfigError as e:
+        raise ValueError(f"cannot resume {path.name}: {e}") from None
+    cfg = dataclasses.replace(cfg, resume=str(ckpt), run_dir=None, dry_run=False,
+                              runs_dir=str(runs_dir))
+    step = (read_status(path) or {}).get("step")
+    hint = ""
+    if isinstance(step, int) and cfg.max_steps is not None and cfg.max_steps <= step:
+        hint = f"; raise Max steps above {step} to train further"
+    return cfg, (f"resume of {path.name} from step {step} loaded in the form: edit if needed, "
+                 f"then Start (F5){hint}")
+
+
+SETTINGS_KEY = "last_form"
+"""Where the last form is remembered in the app's settings."""
+
+
+def save_form(settings: Any, cfg: RunConfig) -> None:
+    """Remember ``cfg`` as the form to show at the next start (a QSettings, or anything with
+    its ``setValue`` and ``sync``); a resume is for one start only, so it is dropped."""
+    settings.setValue(SETTINGS_KEY, dataclasses.replace(cfg, resume=None).to_json())
+    settings.sync()
+
+
+def restored_form(settings: Any) -> RunConfig | None:
+    """The remembered form, or None when there is none or it no longer validates (settings of
+    an older version: the form keeps its defaults)."""
+    raw = settings.value(SETTINGS_KEY)
+    if not raw:
+        return None
+    try:
+        return RunConfig.from_dict(json.loads(str(raw)), source="settings")
+    except (ConfigError, ValueError):
+        return None

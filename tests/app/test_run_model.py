@@ -1,0 +1,91 @@
+"""What the window says about a run (app/run_model.py), driven without a window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.run_model import (
+    failure_text,
+    finished_text,
+    parse_remote,
+    restored_form,
+    resume_config,
+    save_form,
+)
+from ddp_engine.common.config import RunConfig
+
+
+def test_a_finished_run_says_how_it_ended_and_what_is_left() -> None:
+    assert finished_text({"state": "completed", "step": 300}) == (
+        "completed at step 300 | no process of the run is left")
+    text = finished_text({"state": "stopped", "step": 12, "reason": "stopped by SIGTERM",
+                          "leftover_pids": [11, 12], "gpu_leftovers": [{"pid": 11, "gpu": 3}]})
+    assert text == ("stopped at step 12: stopped by SIGTERM | 2 processes of the run could not "
+                    "be ended: [11, 12] | NVML still lists pid 11 on GPU 3")
+    assert "not checked from here" in finished_text({"state": "completed", "remote": "h:1"})
+
+
+def test_a_failure_names_each_rank_and_shows_the_log_tail() -> None:
+    text = failure_text({"reason": "rank 1 failed: boom", "log_rank": 1,
+                         "log_tail": ["Traceback", "RuntimeError: boom"],
+                         "ranks": {"1": {"exit_code": 1}, "0": {"signal": "SIGKILL"}}})
+    assert text == ("rank 1 failed: boom\n\nrank 0: signal SIGKILL, rank 1: exit code 1\n\n"
+                    "Last lines of rank 1's log:\nTraceback\nRuntimeError: boom")
+    assert "on rank 0's machine (h:1)" in failure_text({"remote": "h:1", "exit_codes": {"0": 1}})
+
+
+def test_resume_needs_a_config_and_a_checkpoint_and_says_to_raise_max_steps(
+        tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(ValueError, match="cannot resume run: it has no config.json and "
+                                         "checkpoints/last.pt"):
+        resume_config(run, tmp_path / "runs")
+    (run / "config.json").write_text(json.dumps(RunConfig(max_steps=300).to_dict()))
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    (run / "status.json").write_text(json.dumps({"state": "completed", "step": 300}))
+    cfg, text = resume_config(run, tmp_path / "runs")
+    assert cfg.resume == str(run / "checkpoints" / "last.pt") and cfg.run_dir is None
+    assert cfg.runs_dir == str(tmp_path / "runs")
+    assert text.endswith("then Start (F5); raise Max steps above 300 to train further")
+    (run / "config.json").write_text(json.dumps({"batch_size": 0}))
+    with pytest.raises(ValueError, match="cannot resume run: batch_size must be >= 1, got 0"):
+        resume_config(run, tmp_path / "runs")
+
+
+def test_the_attach_fields_name_what_is_wrong() -> None:
+    assert parse_remote(" node0 ", "29600", " tok ") == ("node0", 29600, "tok")
+    with pytest.raises(ValueError, match="port must be a whole number between 1 and 65535, "
+                                         "got 'x'"):
+        parse_remote("node0", "x", "tok")
+
+
+class _Settings:
+    """QSettings' value/setValue/sync, in a dict."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def value(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def setValue(self, key: str, value: Any) -> None:  # noqa: N802 (QSettings' name)
+        self.values[key] = value
+
+    def sync(self) -> None:
+        pass
+
+
+def test_the_last_form_is_remembered_without_its_resume() -> None:
+    settings = _Settings()
+    assert restored_form(settings) is None
+    save_form(settings, RunConfig(batch_size=16, resume="old/last.pt"))
+    restored = restored_form(settings)
+    assert restored is not None and restored.batch_size == 16 and restored.resume is None
+    settings.values["last_form"] = '{"batch_size": "many"}'  # an older version's settings
+    assert restored_form(settings) is None

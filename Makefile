@@ -16,7 +16,7 @@ TORCH_CUDA ?= torch
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run demo test lint screenshot reliability bench clean
+.PHONY: install run demo desktop test lint screenshot reliability bench clean
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ run: install
 	@if [ -n "$$DISPLAY$$WAYLAND_DISPLAY$$QT_QPA_PLATFORM" ]; then $(PY) main.py; else \
 	  echo "no display (DISPLAY and WAYLAND_DISPLAY unset): training the terminal demo instead"; \
 	  $(MAKE) --no-print-directory demo; fi
+
+# Adds Rankscope to this user's application menu (~/.local/share/applications, icons too).
+desktop: install
+	$(VENV)/bin/rankscope --install-desktop
 
 demo: install
 	$(PY) -m ddp_engine launch --model mlp --dataset synthetic --nproc 2 --max-steps 200

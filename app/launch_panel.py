@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.desktop import default_presets
 from app.devices import DevicePicker
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
@@ -194,12 +195,25 @@ class LaunchPanel(QWidget):
         self.error.setObjectName("error")
         self.error.setWordWrap(True)
         self.error.setStyleSheet("color: #d62728;")
+        self.presets = QComboBox()
+        self.presets.setObjectName("presets")
+        self.presets.setToolTip("fill the form with one of Rankscope's presets (the runs "
+                                "folder stays as it is)")
+        # Sized by a short text, not the longest title (the popup shows the titles whole).
+        self.presets.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.presets.setMinimumContentsLength(12)
+        self.presets.addItem("Presets...")
+        for preset in default_presets():
+            self.presets.addItem(preset.title, str(preset.path))
+        self.presets.activated.connect(self._preset_chosen)
         self.save_preset = QPushButton("Save preset...")
         self.load_preset = QPushButton("Load preset...")
         buttons = QHBoxLayout()
         buttons.addWidget(self.load_preset)
         buttons.addWidget(self.save_preset)
         layout = QVBoxLayout(self)
+        layout.addWidget(self.presets)
         layout.addWidget(training)
         layout.addWidget(devices)
         layout.addWidget(nodes)
@@ -350,6 +364,22 @@ class LaunchPanel(QWidget):
 
     def load_preset_from(self, path: str | Path) -> None:
         self.set_config(RunConfig.from_dict(load_config_file(path), source=f"preset {path}"))
+
+    def load_default_preset(self, path: str | Path) -> None:
+        """Fill the form with a shipped preset, keeping the form's runs folder (the presets
+        leave it out)."""
+        data = load_config_file(path)
+        data.setdefault("runs_dir", self.runs_dir.text().strip() or "runs")
+        self.set_config(RunConfig.from_dict(data, source=f"preset {path}"))
+
+    def _preset_chosen(self, index: int) -> None:
+        path = self.presets.itemData(index)
+        self.presets.setCurrentIndex(0)  # a menu of presets, not a state of the form
+        if path:
+            try:
+                self.load_default_preset(path)
+            except ConfigError as e:
+                self.error.setText(str(e))
 
     def _save_preset_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Save preset", "run.toml", "TOML (*.toml)")

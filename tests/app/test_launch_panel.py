@@ -46,3 +46,15 @@ def test_cluster_scripts_open_for_the_forms_config_and_rendezvous(qtbot) -> None
     panel.lr.setText("fast")  # a bad form: no scripts, and the form says why
     assert panel.open_cluster_dialog() is None
     assert panel.error.text().startswith("no cluster scripts: lr must be a number")
+
+
+def test_a_default_preset_fills_the_form_and_keeps_its_runs_folder(qtbot, tmp_path) -> None:
+    panel = _panel(qtbot)
+    panel.runs_dir.setText(str(tmp_path / "my-runs"))
+    titles = [panel.presets.itemText(i) for i in range(panel.presets.count())]
+    assert titles[0] == "Presets..." and titles[2].startswith("Digits: a ConvNet")
+    panel.presets.activated.emit(2)  # as a click on the second preset
+    cfg = panel.config()
+    assert (cfg.model, cfg.dataset, cfg.epochs, cfg.eval_every) == ("convnet", "digits", 5, 50)
+    assert cfg.runs_dir == str(tmp_path / "my-runs") and panel.valid
+    assert panel.presets.currentIndex() == 0  # the menu shows "Presets..." again

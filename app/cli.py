@@ -1,0 +1,56 @@
+"""The desktop app's command, ``rankscope`` (or ``python main.py``): the flags, then the window."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rankscope", description="Rankscope desktop app: "
+                                     "launch PyTorch DDP training and watch every rank live")
+    parser.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
+    parser.add_argument("--config", help="a TOML preset to fill the launch form with")
+    parser.add_argument("--start", action="store_true",
+                        help="start the run at once (the --config preset, else the last form)")
+    parser.add_argument("--stop-grace-s", type=float, default=30.0, metavar="S",
+                        help="after Stop, seconds to wait for the agreed stop before SIGTERM "
+                        "(then SIGKILL 10 s later); default 30")
+    parser.add_argument("--install-desktop", action="store_true",
+                        help="add Rankscope to this user's application menu (a .desktop entry "
+                        "and its icons under $XDG_DATA_HOME, default ~/.local/share), then exit")
+    args = parser.parse_args(argv)
+
+    from app import desktop
+
+    if args.install_desktop:
+        for path in desktop.install_desktop_entry():
+            print(path)
+        return 0
+
+    from PySide6.QtCore import QSocketNotifier
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow, app_icon
+
+    app = QApplication(sys.argv[:1])
+    app.setApplicationName("Rankscope")
+    app.setOrganizationName("Rankscope")
+    app.setDesktopFileName(desktop.APP_ID)  # Wayland matches the window to the menu entry by it
+    app.setWindowIcon(app_icon())  # every window and the taskbar
+    # Ctrl+C in the terminal: Python sees the signal only when it runs, and the Qt loop keeps it
+    # in C++; a wake-up fd makes the loop notice, then the window closes as if asked.
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    signal.set_wakeup_fd(wake_w.fileno())
+    signal.signal(signal.SIGINT, lambda *_: window.close())
+    notifier = QSocketNotifier(wake_r.fileno(), QSocketNotifier.Type.Read)
+    notifier.activated.connect(lambda *_: wake_r.recv(64))
+    window = MainWindow(runs_dir=args.runs_dir, preset=args.config, grace_s=args.stop_grace_s)
+    window.show()
+    if args.start:
+        window.start_run()
+    return app.exec()

@@ -33,13 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QSocketNotifier
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow, app_icon
+    from app.main_window import MainWindow
 
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Rankscope")
     app.setOrganizationName("Rankscope")
     app.setDesktopFileName(desktop.APP_ID)  # Wayland matches the window to the menu entry by it
-    app.setWindowIcon(app_icon())  # every window and the taskbar
+    app.setWindowIcon(desktop.app_icon())  # every window and the taskbar
     # Ctrl+C in the terminal: Python sees the signal only when it runs, and the Qt loop keeps it
     # in C++; a wake-up fd makes the loop notice, then the window closes as if asked.
     wake_r, wake_w = socket.socketpair()

@@ -1,5 +1,6 @@
 """The app on the desktop: its icon, the default presets the launch form offers, and its entry
-in the desktop's application menu (freedesktop: a .desktop file and hicolor icons). No Qt.
+in the desktop's application menu (freedesktop: a .desktop file and hicolor icons). Qt only in
+:func:`app_icon` (``--install-desktop`` runs without it).
 
 Everything here reads ``resources/`` (beside ``app/`` in a checkout, and in site-packages after
 ``pip install .``).
@@ -13,6 +14,10 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from PySide6.QtGui import QIcon
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 ICONS = RESOURCES / "icons"
@@ -26,6 +31,18 @@ def icon_files() -> list[Path]:
     """The app icon: the SVG first, then the PNGs from small to large."""
     pngs = sorted(ICONS.glob(f"{APP_ID}-*.png"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
     return [ICONS / f"{APP_ID}.svg", *pngs]
+
+
+def app_icon() -> QIcon:
+    """Rankscope's icon at every PNG size (as pixmaps, so that X11 lists the sizes in the
+    window's _NET_WM_ICON for the taskbar; an SVG icon engine would list none)."""
+    from PySide6.QtGui import QIcon
+
+    icon = QIcon()
+    for path in icon_files():
+        if path.suffix == ".png":
+            icon.addFile(str(path))
+    return icon
 
 
 @dataclass(frozen=True)

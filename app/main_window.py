@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
     QFileDialog,
@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop import icon_files
+from app.desktop import app_icon
 from app.dialogs import RemoteAttachDialog, ask_about_active_run
 from app.launch_panel import LaunchPanel
 from app.logs_view import LogsView
@@ -48,16 +48,6 @@ if TYPE_CHECKING:
     from app.scaling import ScalingView
 
 DASHBOARD_DELAY_MS = 50
-
-
-def app_icon() -> QIcon:
-    """Rankscope's icon at every PNG size of resources/icons (as pixmaps, so that X11 gets the
-    sizes listed for the taskbar; an SVG engine would list none)."""
-    icon = QIcon()
-    for path in icon_files():
-        if path.suffix == ".png":
-            icon.addFile(str(path))
-    return icon
 
 
 class MainWindow(QMainWindow):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -32,6 +33,15 @@ def save_atomic(payload: dict[str, Any], path: str | os.PathLike[str]) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(p, lambda f: write_to(payload, f), sole_writer=True, durable=True)
+
+
+def write_error(e: OSError, step: int, path: Path, kept: str) -> CheckpointError:
+    """What to raise when the checkpoint of ``step`` could not be written to ``path``: the
+    OS's reason (full disk, quota, permissions) and ``kept``, what the run still has."""
+    why = e.strerror or str(e)
+    code = f"{errno.errorcode.get(e.errno, e.errno)}, " if e.errno else ""
+    return CheckpointError(f"the checkpoint of step {step} could not be written to {path} "
+                           f"({code}{why}); {kept}")
 
 
 class _Recording:

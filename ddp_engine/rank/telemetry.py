@@ -9,7 +9,6 @@ I/O. A viewer whose buffer would exceed its bound is dropped (counted and logged
 from __future__ import annotations
 
 import logging
-import math
 import os
 import secrets
 import selectors
@@ -28,49 +27,13 @@ from ddp_engine.common.protocol import (
     decode,
     encode,
 )
-from ddp_engine.common.run_dir import METRICS_FILE, atomic_write_json
+from ddp_engine.common.run_dir import atomic_write_json
+from ddp_engine.rank.metrics_file import MetricsWriter, finite
 
 log = logging.getLogger("ddp_engine.rank.telemetry")
 
 DEFAULT_HISTORY = 100_000
 """Messages held in memory for replay to late viewers (metrics.jsonl has all of them)."""
-
-
-class MetricsWriter:
-    """Appends one JSON object per line to RUN_DIR/metrics.jsonl.
-
-    Each line is written whole and flushed, so a reader never sees half an object except at
-    the very end while it is being written (readers skip an unterminated last line).
-    """
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / METRICS_FILE
-        self._file = open(self.path, "a", encoding="utf-8")
-        self.error: OSError | None = None
-
-    def write_line(self, line: bytes) -> None:
-        """Append and flush one line.
-
-        Raises:
-            OSError: the first time the file cannot be written (full disk), with a message
-                naming it; later lines are dropped quietly, so that the failure can still be
-                reported live and in the rank's own files.
-        """
-        if self.error is not None:
-            return
-        try:
-            self._file.write(line.decode())
-            self._file.flush()
-        except OSError as e:
-            self.error = e
-            raise OSError(e.errno, f"{self.path} cannot be appended to ({e.strerror}): the "
-                          "run's record is incomplete from here") from e
-
-    def close(self) -> None:
-        try:
-            self._file.close()
-        except OSError:
-            pass  # the buffered tail could not be written: already reported by write_line
 
 
 class _Viewer:
@@ -220,7 +183,7 @@ class Telemetry:
                 item.set()
                 continue
             try:
-                message = {k: _finite(v) for k, v in item.items()}
+                message = {k: finite(v) for k, v in item.items()}
                 line = encode(message)
             except Exception as e:  # a value JSON cannot hold: that message alone is lost
                 log.error("telemetry: a %s message could not be encoded (%s): dropped",
@@ -433,14 +396,3 @@ class Telemetry:
             v.sock.close()
         except OSError:
             pass
-
-
-def _finite(value: Any) -> Any:
-    """Non-finite floats (a diverged loss) become None: the protocol carries only finite JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value

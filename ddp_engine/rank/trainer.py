@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import logging
 import math
 import os
@@ -21,10 +20,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.rank import checkpoint
-from ddp_engine.rank.checkpoint import CheckpointError
 from ddp_engine.rank.data import DataBundle, build_datasets, make_loader
 from ddp_engine.rank.device_sampler import DeviceSampler
 from ddp_engine.rank.distributed import DistContext, Round, StopFlag, rank_places
+from ddp_engine.rank.evaluation import validation_metrics
 from ddp_engine.rank.losses import build_loss
 from ddp_engine.rank.models import build_model
 from ddp_engine.rank.reports import (
@@ -365,31 +364,13 @@ class Trainer:
         if self.telemetry is not None:
             self.telemetry.publish({"type": "event", "kind": kind, **fields})
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Validation loss (and accuracy for classification) over all ranks' shards, and how
         long it took (``eval_s``, this rank's seconds)."""
         assert self.val_loader is not None
         started = time.perf_counter()
-        self.model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss*n, correct, n
-        for x, y in self.val_loader:
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype,
-                                enabled=self.autocast_dtype is not None):
-                out = self.model(x)
-                loss = self.loss_fn(out, y)
-            n = y.size(0)
-            sums[0] += loss.double() * n
-            sums[2] += n
-            if self.data.info.task == "classification" and out.dim() == 2:
-                sums[1] += (out.argmax(dim=1) == y).sum().double()
-        dist.all_reduce(sums)
-        total = max(sums[2].item(), 1.0)  # note: .item() syncs; evaluation only
-        result = {"val_loss": sums[0].item() / total}
-        if self.data.info.task == "classification":
-            result["val_accuracy"] = sums[1].item() / total
+        result = validation_metrics(self.model, self.val_loader, self.loss_fn, self.device,
+                                    self.autocast_dtype, self.data.info.task == "classification")
         result["eval_s"] = time.perf_counter() - started
         self._last_eval_step = self.pos.step
         self._emit_event("eval", step=self.pos.step, epoch=self.pos.epoch, **result)
@@ -428,10 +409,7 @@ class Trainer:
             try:
                 checkpoint.save_atomic(payload, path)
             except OSError as e:  # full disk, quota, permissions: the previous file is intact
-                why = e.strerror or str(e)
-                code = f"{errno.errorcode.get(e.errno, e.errno)}, " if e.errno else ""
-                raise CheckpointError(f"the checkpoint of step {pos.step} could not be written "
-                                      f"to {path} ({code}{why}); {self._kept()}") from e
+                raise checkpoint.write_error(e, pos.step, path, self._kept()) from e
             if path.name == "last.pt":
                 self._last_checkpoint_step = pos.step
         self._emit_event("checkpoint_saved", step=pos.step, epoch=epoch,

@@ -176,12 +176,15 @@ def main() -> None:
                              "and before with --base)")
     parser.add_argument("--base", type=Path, help="a checkout whose engine runs as 'before'")
     parser.add_argument("--sweep", action="store_true", help="plain and on at 5 step times")
+    parser.add_argument("--hidden", type=int, choices=[w.hidden for w in SWEEP],
+                        help="one of the sweep's workloads instead of the default (by width)")
     parser.add_argument("--png", type=Path, help="with --sweep: plot the ratios here")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
     variants = (args.variants.split(",") if args.variants
                 else ["plain", "on", "off"] + (["before"] if args.base else []))
-    workloads = SWEEP if args.sweep else (DEFAULT,)
+    workloads = SWEEP if args.sweep else tuple(w for w in SWEEP if w.hidden == args.hidden) \
+        if args.hidden else (DEFAULT,)
     if args.sweep and not args.variants:
         variants = ["plain", "on"]
     print(f"{args.nproc} CPU ranks (gloo), OMP_NUM_THREADS=1, {args.reps} repetitions, "

@@ -26,7 +26,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        help_text = f"{f.metadata['help']} (default: {default if default is not None else '-'})"
+        help_text = f.metadata["help"]
+        if "default" not in help_text:  # a help text that names its default says it once
+            help_text += f" (default: {default if default is not None else '-'})"
         t = str(f.type)
         if t.startswith("bool"):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -128,7 +129,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
           f"{data.get('pids')}")
     metrics = data.get("last_metrics") or {}
     for r in metrics.get("ranks", []):
-        print(f"  rank {r['rank']}: loss {r.get('loss')}  samples/s {r.get('samples_per_s')}")
+        print(f"  rank {r['rank']}: loss {fmt_number(r.get('loss'))}  samples/s "
+              f"{fmt_number(r.get('samples_per_s'), rate=True)}")
     if data.get("checkpoint"):
         print(f"checkpoint: {data['checkpoint']}")
     if data.get("state") not in FINAL_STATES:
@@ -211,8 +213,13 @@ def cmd_stop(ns: argparse.Namespace) -> int:
 
 
 def cmd_runs(ns: argparse.Namespace) -> int:
-    if not Path(ns.runs_dir).is_dir():
-        print(f"error: runs_dir: {ns.runs_dir!r} is not a folder", file=sys.stderr)
+    folder = Path(ns.runs_dir)
+    if not folder.exists():
+        print(f"no runs yet: {str(folder)!r} does not exist (runs are written there by "
+              f"python -m ddp_engine launch --runs-dir {ns.runs_dir})")
+        return 0
+    if not folder.is_dir():
+        print(f"error: runs_dir: {ns.runs_dir!r} is a file, not a folder", file=sys.stderr)
         return 2
     rows = [("NAME", "STATE", "MODEL", "DATASET", "DEVICES", "STEPS", "BEST LOSS", "DURATION")]
     index = RunIndex(ns.runs_dir)
@@ -226,6 +233,9 @@ def cmd_runs(ns: argparse.Namespace) -> int:
                          "" if r.step is None else f"{r.step}/{r.total_steps or '?'}",
                          "" if r.best_loss is None else f"{r.best_loss:.4g}",
                          fmt_duration(r.duration_s)))
+    if len(rows) == 1:
+        print(f"no runs yet in {str(folder)!r}")
+        return 0
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -254,9 +264,28 @@ def _signal_launcher(data: dict, run_dir: str) -> bool:
     return True
 
 
+def fmt_number(value: object, rate: bool = False) -> str:
+    """A number for people: 4 significant digits (a rate as a whole number with thousands
+    separators); "-" for none."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    if rate:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     commands = {"launch": cmd_launch, "sweep": cmd_sweep, "runs": cmd_runs, "stop": cmd_stop,
                 "status": cmd_status, "cluster": cmd_cluster}
-    return commands[ns.command](ns)
+    try:
+        code = commands[ns.command](ns)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``status RUN_DIR | head -n 2``): end quietly, as cat does.
+        # Python would report the pipe again while flushing at exit: point stdout at nothing.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command its pipe ended
+    return code
 

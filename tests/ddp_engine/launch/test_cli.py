@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from ddp_engine.common.run_dir import read_status
-from tests.conftest import endless_run, processes_mentioning, run_engine, wait_for
+from tests.conftest import (
+    REPO,
+    endless_run,
+    engine_env,
+    make_run_folder,
+    processes_mentioning,
+    run_engine,
+    wait_for,
+)
 
 
 def test_help_lists_every_flag_with_its_default() -> None:
@@ -148,3 +158,49 @@ def test_status_and_stop_commands(tmp_path: Path) -> None:
     again = run_engine("stop", str(run_dir), timeout=30)
     assert again.returncode == 0 and "already ended: stopped" in again.stdout
     assert not processes_mentioning(str(run_dir))
+
+
+def test_help_says_each_default_once() -> None:
+    shown = " ".join(run_engine("launch", "--help", timeout=60).stdout.split())
+    assert "--name STR run name (default: <model>-<dataset>) --dry-run" in shown
+    assert "2 on CPU --gpus" in shown  # --nproc's help names its default: no "(default: -)"
+
+
+def test_runs_in_a_fresh_checkout_says_there_are_none_yet(tmp_path: Path) -> None:
+    shown = run_engine("runs", cwd=tmp_path, timeout=60)
+    assert shown.returncode == 0 and shown.stdout.startswith("no runs yet: 'runs' does not "
+                                                              "exist"), shown.stderr
+    (tmp_path / "empty").mkdir()
+    shown = run_engine("runs", str(tmp_path / "empty"), timeout=60)
+    assert (shown.returncode, shown.stdout.strip()) == (0, f"no runs yet in "
+                                                           f"{str(tmp_path / 'empty')!r}")
+    (tmp_path / "a-file").write_text("")
+    shown = run_engine("runs", str(tmp_path / "a-file"), timeout=60)
+    assert shown.returncode == 2 and "is a file, not a folder" in shown.stderr
+
+
+def test_status_formats_numbers_for_people_and_json_keeps_them(tmp_path: Path) -> None:
+    run = make_run_folder(tmp_path, "r", losses=lambda step, rank: 0.0005270614754408598)
+    status = json.loads((run / "status.json").read_text())
+    status["last_metrics"] = {"ranks": [{"rank": 0, "loss": 0.0005270614754408598,
+                                         "samples_per_s": 12345.678}]}
+    (run / "status.json").write_text(json.dumps(status))
+    shown = run_engine("status", str(run), timeout=60).stdout
+    assert "  rank 0: loss 0.0005271  samples/s 12,346\n" in shown
+    raw = json.loads(run_engine("status", str(run), "--json", timeout=60).stdout)
+    assert raw["last_metrics"]["ranks"][0]["loss"] == 0.0005270614754408598
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    run = make_run_folder(tmp_path, "r")
+    for args in (["status", str(run)], ["runs", str(tmp_path)], ["launch", "--help"]):
+        proc = subprocess.Popen([sys.executable, "-m", "ddp_engine", *args], cwd=REPO,
+                                env=engine_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # as `| head -n 0` would: gone before the first line
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=60)
+        # 141 (128 + SIGPIPE) as a shell reports a command its pipe ended; --help is
+        # argparse's, which ends with 0 before any command runs
+        assert err == "" and code == (0 if "--help" in args else 141), (args, code, err)

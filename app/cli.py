@@ -6,9 +6,13 @@ import argparse
 import signal
 import socket
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.main_window import MainWindow
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rankscope", description="Rankscope desktop app: "
                                      "launch PyTorch DDP training and watch every rank live")
     parser.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
@@ -18,11 +22,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-grace-s", type=float, default=30.0, metavar="S",
                         help="after Stop, seconds to wait for the agreed stop before SIGTERM "
                         "(then SIGKILL 10 s later); default 30")
+    parser.add_argument("--settings", metavar="FILE",
+                        help="keep the window's settings (the last form) in this INI file "
+                        "instead of the user's (~/.config/Rankscope/Rankscope.conf)")
     parser.add_argument("--install-desktop", action="store_true",
                         help="add Rankscope to this user's application menu (a .desktop entry "
                         "and its icons under $XDG_DATA_HOME, default ~/.local/share), then exit")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def open_window(args: argparse.Namespace) -> MainWindow:
+    """The window the flags ask for, shown (a QApplication must exist)."""
+    from PySide6.QtCore import QSettings
+
+    from app.main_window import MainWindow
+
+    settings = (QSettings(args.settings, QSettings.Format.IniFormat) if args.settings
+                else None)  # None: the user's own
+    window = MainWindow(runs_dir=args.runs_dir, preset=args.config, settings=settings,
+                        grace_s=args.stop_grace_s)
+    window.show()
+    return window
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from app import desktop
 
     if args.install_desktop:
@@ -32,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from PySide6.QtCore import QSocketNotifier
     from PySide6.QtWidgets import QApplication
-
-    from app.main_window import MainWindow
 
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Rankscope")
@@ -49,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: window.close())
     notifier = QSocketNotifier(wake_r.fileno(), QSocketNotifier.Type.Read)
     notifier.activated.connect(lambda *_: wake_r.recv(64))
-    window = MainWindow(runs_dir=args.runs_dir, preset=args.config, grace_s=args.stop_grace_s)
-    window.show()
+    window = open_window(args)
     if args.start:
         window.start_run()
     return app.exec()

@@ -31,7 +31,8 @@ for steps in 150 300; do
   .venv/bin/python -m ddp_engine launch --model mlp --dataset digits --nproc 2 \
     --max-steps "$steps" --runs-dir "$runs" --name "mlp-digits-$steps" >/dev/null 2>&1
 done
-.venv/bin/python main.py --runs-dir "$runs" --config "$runs/preset.toml" &
+.venv/bin/python main.py --runs-dir "$runs" --config "$runs/preset.toml" \
+  --settings "$runs/settings.ini" &
 app=$!
 wid=$(xdotool search --sync --name '^Rankscope')
 xdotool windowsize "$wid" "$width" "$height" windowmove "$wid" 0 0

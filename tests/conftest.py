@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,11 @@ FAULTY = REPO / "tests" / "ddp_engine" / "rank" / "plugins" / "faulty.py"
 """Plugins that fail, stall or slow down on purpose (losses and models for the fault tests)."""
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Nothing a test runs may touch the user's own settings (QSettings keeps them under
+# $XDG_CONFIG_HOME, default ~/.config): the tests and every process they start get a config
+# folder of their own.
+TEST_CONFIG_HOME = Path(tempfile.mkdtemp(prefix="rankscope-test-config-"))
+os.environ["XDG_CONFIG_HOME"] = str(TEST_CONFIG_HOME)
 
 
 def engine_env() -> dict[str, str]:

@@ -127,7 +127,12 @@ class Chart(pg.PlotWidget):
             axis = self.getAxis(side)
             axis.setStyle(tickAlpha=255, maxTickLevel=1)
             axis.setTickPen(pg.mkPen(GRID))
-        self.legend = self.addLegend(offset=(-10, 10))
+            # Behind the view box: pyqtgraph draws an axis's grid lines with the axis, over
+            # the data, so a loss near 0 or a flat 1.0 would vanish along a grid line.
+            axis.setZValue(-1)
+        # A translucent white box: the legend's text stays legible over curves and grid.
+        self.legend = self.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 215),
+                                     pen=pg.mkPen("#d0d0d0"))
         self.curves: dict[str, pg.PlotCurveItem | pg.PlotDataItem] = {}
         self._data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # as given, before thinning
         self._thinned_for: tuple[int, tuple[float, float] | None] = (0, None)
@@ -197,11 +202,14 @@ class Chart(pg.PlotWidget):
             self._show(self.curves[name], x, y)
 
     def reset(self) -> None:
-        """Remove every curve."""
+        """Remove every curve and forget any zoom: the next run's data is shown whole, and
+        until it arrives the axes show nothing of the last run's range."""
         self.clear()
         self.curves.clear()
         self._data.clear()
         self.view.known.clear()
+        self.view.setRange(xRange=(0.0, 1.0), yRange=(0.0, 1.0), padding=0.0)
+        self.view.enableAutoRange()
 
     def set_spread(self, name: str, x: np.ndarray, lo: np.ndarray, mid: np.ndarray,
                    hi: np.ndarray, color_hex: str) -> None:

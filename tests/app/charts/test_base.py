@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from PySide6.QtCore import QPointF
 from PySide6.QtGui import QColor
 
 from app.charts.base import GRID, Chart, peak_thin, steady_range
@@ -125,3 +126,29 @@ def test_a_zoomed_chart_thins_what_it_shows_and_fits_all_again_after(qtbot) -> N
     chart.settle()
     again_x, _ = chart.curves["rank 0"].getData()
     assert again_x[0] == 0 and again_x[-1] == 199_999
+
+
+def test_a_curve_along_a_grid_line_stays_visible(qtbot) -> None:
+    """A loss near 0 runs along the y=0 grid line: the curve must be drawn over the grid."""
+    chart = shown_chart(qtbot)
+    x = np.arange(1000.0)
+    y = np.where(x < 500, 1.0, 0.0)  # a step from 1 down to exactly 0: the grid line at y=0
+    chart.set_data("rank 0", x, y, "#d62728")
+    chart.settle()
+    image = chart.grab().toImage()
+    at = chart.mapFromScene(chart.view.mapViewToScene(QPointF(750.0, 0.0)))
+    line = {image.pixel(at.x(), yy) & 0xFFFFFF for yy in range(at.y() - 1, at.y() + 2)}
+    assert QColor("#d62728").rgb() & 0xFFFFFF in line, [hex(c) for c in line]
+
+
+def test_a_reset_forgets_the_zoom_of_the_last_run(qtbot) -> None:
+    chart = shown_chart(qtbot)
+    chart.set_data("rank 0", np.arange(100.0), np.ones(100), "#1f77b4")
+    chart.view.setXRange(10.0, 20.0)  # as a mouse-wheel zoom does: auto-range off
+    assert not chart.view.autoRangeEnabled()[0]
+    chart.reset()
+    assert chart.view.viewRange()[0] == [0.0, 1.0]  # nothing of the last run's axes
+    chart.set_data("rank 0", np.arange(5000.0), np.ones(5000), "#1f77b4")
+    chart.settle()
+    lo, hi = chart.view.viewRange()[0]
+    assert lo <= 0.0 and hi >= 4999.0, (lo, hi)  # the new run is shown whole

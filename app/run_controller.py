@@ -28,6 +28,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.launcher_process import LauncherProcess, build_env
+from app.run_model import stop_by
 from app.telemetry_client import TelemetryClient
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.processes import Escalation, Step
@@ -272,7 +273,7 @@ class RunController(QObject):
         """The first step of a local stop: over the socket, else by SIGTERM to the launcher
         (which forwards it to its ranks), once it can take one."""
         assert self.launcher is not None
-        if self.client is not None and self.client.send({"type": "stop"}):
+        if self.client is not None and self.client.send({"type": "stop", "by": stop_by()}):
             self.notice.emit("stop sent: all ranks will stop at the same step")
         elif self.run_dir is not None and read_status(self.run_dir) is None:
             # The launcher writes status.json once its own signal handlers are in place; a
@@ -286,7 +287,7 @@ class RunController(QObject):
 
     def _send_remote_stop(self) -> None:
         """The agreed stop to a remote rank 0, now or once connected."""
-        if self.client is not None and self.client.send({"type": "stop"}):
+        if self.client is not None and self.client.send({"type": "stop", "by": stop_by()}):
             self.notice.emit(f"stop sent to rank 0 at {self.remote}: all ranks will stop at "
                              f"the same step ({NO_ESCALATION})")
         else:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,11 @@ from ddp_engine.common.runs import RunSummary
 
 REMOTE_LOGS_NOTE = ("This run's rank 0 is on another machine: its ranks' logs are there, in "
                     "RUN_DIR/logs/ (nothing to follow here).")
+
+
+def plural(n: int, noun: str) -> str:
+    """``n`` and ``noun``, in the plural unless n is 1: "1 run folder", "3 run folders"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def parse_remote(host: str, port: str, token: str) -> tuple[str, int, str]:
@@ -37,13 +44,25 @@ def parse_remote(host: str, port: str, token: str) -> tuple[str, int, str]:
     return host, port_number, token
 
 
+def stop_by() -> str:
+    """How this window names itself in the stop it sends (``{"type": "stop", "by": ...}``): the
+    run's reason then says who stopped it, in every viewer and in status.json."""
+    return f"the Rankscope window (pid {os.getpid()} on {socket.gethostname()})"
+
+
+def reason_text(reason: str) -> str:
+    """A run's reason as this window words it: its own stop is "stopped from this window"."""
+    return reason.replace(f"stop command from {stop_by()}", "stopped from this window")
+
+
 def finished_text(result: Mapping[str, Any]) -> str:
-    """The status-bar line for a run that ended: state, step, reason, and what is left of it."""
-    state = result.get("state")
+    """The status-bar line for a run that ended, beside the state (which the state label
+    shows): its step, reason, and what is left of it."""
     remote = result.get("remote")
-    text = str(state) + (f" at step {result['step']}" if result.get("step") is not None else "")
+    step = result.get("step")
+    text = f"at step {step}" if step is not None else "ended"
     if result.get("reason"):
-        text += f": {result['reason']}"
+        text += f": {reason_text(str(result['reason']))}"
     leftover = result.get("leftover_pids") or []
     text += (f" | rank 0 was at {remote}; the run's processes are on that machine (not "
              "checked from here)" if remote else

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.run_model import plural
 from ddp_engine.common.runs import RunIndex, RunSummary, find, fmt_duration
 
 COLUMNS = ("Name", "State", "Model", "Dataset", "Devices", "Steps", "Best loss", "Val loss",
@@ -301,7 +302,8 @@ class RunsPanel(QWidget):
                          "machine); stop it first")
             return
         box = QMessageBox(QMessageBox.Icon.Warning, "Delete runs",
-                          f"Delete {len(sel)} run folder(s) and everything in them?\n\n"
+                          f"Delete {plural(len(sel), 'run folder')} and everything in "
+                          f"{'it' if len(sel) == 1 else 'them'}?\n\n"
                           + "\n".join(str(s.path) for s in sel[:10])
                           + ("\n..." if len(sel) > 10 else ""),
                           QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,

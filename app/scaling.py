@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from app.charts.base import Chart
 from app.launcher_process import LauncherProcess
+from app.run_model import plural
 from ddp_engine.common.child_env import build_env
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.run_dir import FINAL_STATES, atomic_write_text, new_run_dir
@@ -185,7 +186,7 @@ class ScalingView(QWidget):
                  + (" (live)" if live else "")]
         for r in rows:
             thr_r, eff_r = r.get("samples_per_s"), r.get("efficiency")
-            parts.append(f"{r['nproc']} device(s): "
+            parts.append(f"{plural(r['nproc'], 'device')}: "
                          + (f"{thr_r:,.0f} samples/s" if thr_r is not None else r.get("state")
                             or "?")
                          + (f", efficiency {eff_r:.2f}" if eff_r is not None else ""))

@@ -68,7 +68,7 @@ from ddp_engine.rank.telemetry import Telemetry
 run_dir, ranks = Path(sys.argv[1]), int(sys.argv[2])
 rate, seconds = float(sys.argv[3]), float(sys.argv[4])
 t = Telemetry(run_dir, welcome_extra={"world_size": ranks, "config": {"model": "synthetic"}},
-              on_stop=lambda: None)
+              on_stop=lambda _why: None)
 print("ready", flush=True)
 sys.stdin.readline()  # the viewer is connected
 total = int(rate * seconds)

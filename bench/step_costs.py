@@ -78,7 +78,7 @@ def rank_side(args: argparse.Namespace) -> None:
                     optimizer="sgd", lr=0.01, momentum=0.0)
     work = Path(tempfile.mkdtemp(prefix=f"step-costs-{rank}-"))
     (work / "checkpoints").mkdir()
-    telemetry = (Telemetry(work, welcome_extra={}, on_stop=lambda: None)
+    telemetry = (Telemetry(work, welcome_extra={}, on_stop=lambda _why: None)
                  if rank == 0 else None)
     (work / "ranks").mkdir()
     heartbeat = Heartbeat(work, rank)

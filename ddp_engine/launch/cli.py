@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -183,7 +184,8 @@ def cmd_stop(ns: argparse.Namespace) -> int:
             if conn.welcome.get("status", {}).get("state") in FINAL_STATES:
                 outcome = conn.welcome["status"]
             else:
-                conn.send({"type": "stop"})
+                conn.send({"type": "stop", "by": f"python -m ddp_engine stop (pid {os.getpid()} "
+                                                 f"on {socket.gethostname()})"})
                 while (msg := conn.receive()) is not None:
                     if msg.get("type") == "event" and msg.get("kind") in FINAL_STATES:
                         outcome = {"state": msg["kind"], "step": msg.get("step")}

@@ -56,13 +56,14 @@ class Telemetry:
     Args:
         run_dir: the run folder (monitor.json and metrics.jsonl go there).
         welcome_extra: ``{"world_size", "config"}`` sent in every welcome.
-        on_stop: called (from the server thread) when an authenticated viewer sends stop.
+        on_stop: called (from the server thread) when an authenticated viewer sends stop,
+            with the reason to give (:func:`stop_reason`).
         port: TCP port on 127.0.0.1; 0 picks a free one. None: no server (file only).
         buffer_bytes: how far a viewer may fall behind the live stream before it is dropped.
     """
 
     def __init__(self, run_dir: Path, *, welcome_extra: dict[str, Any],
-                 on_stop: Callable[[], None], port: int | None = 0,
+                 on_stop: Callable[[str], None], port: int | None = 0,
                  buffer_bytes: int = 8 * 1024 * 1024, history: int = DEFAULT_HISTORY) -> None:
         self.run_dir = run_dir
         self._writer = MetricsWriter(run_dir)
@@ -348,7 +349,7 @@ class Telemetry:
             self._reply(v, {"type": "pong", "time": time.time()})
         elif msg["type"] == "stop":
             log.info("stop requested by viewer %s", v.addr)
-            self._on_stop()
+            self._on_stop(stop_reason(msg))
             self._reply(v, {"type": "ack", "command": "stop", "time": time.time()})
         return True
 
@@ -396,3 +397,12 @@ class Telemetry:
             v.sock.close()
         except OSError:
             pass
+
+
+def stop_reason(msg: dict[str, Any]) -> str:
+    """Why the run stops, for a viewer's stop message: ``{"type": "stop", "by": WHO}`` names the
+    viewer (printable text, at most 200 characters; anything else is left out)."""
+    by = msg.get("by")
+    if isinstance(by, str) and by.strip() and by.isprintable() and len(by) <= 200:
+        return f"stop command from {by.strip()}"
+    return "stop command from a viewer"

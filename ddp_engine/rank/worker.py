@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             telemetry = Telemetry(
                 run_dir, welcome_extra={"world_size": ctx.info.world_size,
                                         "config": cfg.to_dict()},
-                on_stop=lambda: stop.request("stop command from a viewer"),
+                on_stop=stop.request,
                 port=cfg.monitor_port if cfg.telemetry else None,
                 buffer_bytes=cfg.monitor_buffer_bytes)
         write_rank_state(run_dir, ctx, "running")

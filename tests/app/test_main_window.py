@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -222,8 +224,8 @@ def test_attach_dialog_attaches_to_a_remote_rank_0_and_stop_goes_over_the_socket
         qtbot, window: MainWindow, tmp_path: Path) -> None:
     """Against a real in-process rank-0 server: the window as while a remote run trains, then
     the end as the run's final events say."""
-    stops: list[int] = []
-    server = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda: stops.append(1))
+    stops: list[str] = []
+    server = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=stops.append)
     try:
         server.publish({"type": "metrics", "step": 10, "total_steps": 100,
                         "ranks": [{"rank": 0, "loss": 1.0}, {"rank": 1, "loss": 1.1}]})
@@ -241,11 +243,12 @@ def test_attach_dialog_attaches_to_a_remote_rank_0_and_stop_goes_over_the_socket
         assert "on another machine: its ranks' logs are there" in note
         window.logs.poll_once()  # nothing to follow, nothing breaks
         window.stop_action.trigger()
-        qtbot.waitUntil(lambda: stops == [1], timeout=30_000)
+        qtbot.waitUntil(lambda: len(stops) == 1, timeout=30_000)
+        assert stops == [f"stop command from the Rankscope window (pid {os.getpid()} on "
+                         f"{socket.gethostname()})"]  # the reason every viewer will see
         assert "no SIGTERM/SIGKILL from here" in window.message_label.text()
         assert not window.stop_action.isEnabled()
-        server.publish({"type": "event", "kind": "stopping", "step": 12,
-                        "reason": "stop command from a viewer"})
+        server.publish({"type": "event", "kind": "stopping", "step": 12, "reason": stops[0]})
         server.publish({"type": "event", "kind": "stopped", "step": 12})
         with qtbot.waitSignal(window.controller.finished, timeout=30_000):
             server.close()
@@ -253,14 +256,14 @@ def test_attach_dialog_attaches_to_a_remote_rank_0_and_stop_goes_over_the_socket
         server.close()
     assert window.state_label.text() == "stopped"
     assert window.message_label.text() == (
-        f"stopped at step 12: stop command from a viewer | rank 0 was at {address}; the run's "
+        f"at step 12: stopped from this window | rank 0 was at {address}; the run's "
         "processes are on that machine (not checked from here)")
     assert window.start_action.isEnabled() and not window.stop_action.isEnabled()
 
 
 def test_a_lost_remote_connection_says_disconnected_not_failed(
         qtbot, window: MainWindow, tmp_path: Path) -> None:
-    server = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda: None)
+    server = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda _why: None)
     try:
         assert window.attach_remote("127.0.0.1", server.port, server.token)
         qtbot.waitUntil(lambda: window.controller.state == "running", timeout=30_000)
@@ -304,7 +307,8 @@ def test_attach_to_a_run_by_address_and_token_then_stop_it(qtbot, window: MainWi
     result = finished.args[0]
     assert result["state"] == "stopped" and result["leftover_pids"] == []
     assert result["remote"] == f"127.0.0.1:{info['port']}"
-    assert "stop command from a viewer" in result["reason"]
+    assert f"stop command from the Rankscope window (pid {os.getpid()} " in result["reason"]
+    assert "stopped from this window" in window.message_label.text()
     status = read_status(run_dir)
     assert status["state"] == "stopped" and status["step"] == result["step"]
     assert window.state_label.text() == "stopped"

@@ -17,7 +17,7 @@ from tests.conftest import free_port
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Telemetry]:
     stops: list[int] = []
-    t = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda: stops.append(1))
+    t = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda _why: stops.append(1))
     t.stops = stops  # type: ignore[attr-defined]
     yield t
     t.close()
@@ -121,7 +121,7 @@ def test_a_stop_before_the_welcome_goes_out_once_connected(
     controller.stop()
     assert "not connected to rank 0" in notices[-1] and controller.state == "stopping"
     stops: list[int] = []
-    t = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda: stops.append(1), port=port)
+    t = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda _why: stops.append(1), port=port)
     t.token = "tok"  # the server's token is random; this test chooses it
     try:
         qtbot.waitUntil(lambda: stops == [1], timeout=30_000)

@@ -12,20 +12,31 @@ from app.run_model import (
     failure_text,
     finished_text,
     parse_remote,
+    plural,
     restored_form,
     resume_config,
     save_form,
+    stop_by,
 )
 from ddp_engine.common.config import RunConfig
 
 
 def test_a_finished_run_says_how_it_ended_and_what_is_left() -> None:
+    # the state label beside it says "completed": the line does not say it again
     assert finished_text({"state": "completed", "step": 300}) == (
-        "completed at step 300 | no process of the run is left")
+        "at step 300 | no process of the run is left")
     text = finished_text({"state": "stopped", "step": 12, "reason": "stopped by SIGTERM",
                           "leftover_pids": [11, 12], "gpu_leftovers": [{"pid": 11, "gpu": 3}]})
-    assert text == ("stopped at step 12: stopped by SIGTERM | 2 processes of the run could not "
+    assert text == ("at step 12: stopped by SIGTERM | 2 processes of the run could not "
                     "be ended: [11, 12] | NVML still lists pid 11 on GPU 3")
+    mine = finished_text({"state": "stopped", "step": 5,
+                          "reason": f"stop requested (stop command from {stop_by()}); all "
+                                    "ranks stopped after step 5"})
+    assert mine == ("at step 5: stop requested (stopped from this window); all ranks stopped "
+                    "after step 5 | no process of the run is left")
+    other = finished_text({"state": "stopped", "step": 5,
+                           "reason": "stop command from python -m ddp_engine stop (pid 1 on h)"})
+    assert "stopped from this window" not in other
     assert "not checked from here" in finished_text({"state": "completed", "remote": "h:1"})
 
 
@@ -89,3 +100,8 @@ def test_the_last_form_is_remembered_without_its_resume() -> None:
     assert restored is not None and restored.batch_size == 16 and restored.resume is None
     settings.values["last_form"] = '{"batch_size": "many"}'  # an older version's settings
     assert restored_form(settings) is None
+
+
+def test_counts_have_proper_plurals() -> None:
+    assert (plural(1, "run folder"), plural(3, "run folder"), plural(0, "device")) == (
+        "1 run folder", "3 run folders", "0 devices")

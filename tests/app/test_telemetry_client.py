@@ -15,7 +15,7 @@ from tests.conftest import free_port
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Telemetry]:
-    t = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda: None)
+    t = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda _why: None)
     yield t
     t.close()
 
@@ -61,7 +61,7 @@ def test_remote_client_retries_until_the_port_opens_then_connects(qtbot,
     client.failed.connect(failed.append)
     client.start()
     qtbot.wait(600)  # a few refused attempts
-    t = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda: None, port=port)
+    t = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda _why: None, port=port)
     t.token = "tok"  # the server's token is random; this test chooses it
     try:
         with qtbot.waitSignal(client.welcomed, timeout=30_000):
@@ -109,7 +109,7 @@ def test_a_local_client_without_deadline_waits_for_a_server_that_comes_late(
     try:
         qtbot.wait(1500)  # several connection attempts, no monitor.json yet
         assert failures == [] and client.isRunning()
-        server = Telemetry(run_dir, welcome_extra={"world_size": 4}, on_stop=lambda: None)
+        server = Telemetry(run_dir, welcome_extra={"world_size": 4}, on_stop=lambda _why: None)
         try:
             with qtbot.waitSignal(client.welcomed, timeout=20_000) as welcomed:
                 pass

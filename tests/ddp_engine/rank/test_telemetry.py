@@ -14,7 +14,7 @@ import pytest
 
 from ddp_engine.common.protocol import MONITOR_FILE, Connection, ProtocolError, encode
 from ddp_engine.common.run_dir import iter_metrics
-from ddp_engine.rank.telemetry import Telemetry
+from ddp_engine.rank.telemetry import Telemetry, stop_reason
 from tests.conftest import wait_for
 
 
@@ -22,7 +22,7 @@ from tests.conftest import wait_for
 def server(tmp_path: Path):
     stops: list[int] = []
     t = Telemetry(tmp_path, welcome_extra={"world_size": 2, "config": {"model": "mlp"}},
-                  on_stop=lambda: stops.append(1), buffer_bytes=64 * 1024)
+                  on_stop=lambda _why: stops.append(1), buffer_bytes=64 * 1024)
     t.stops = stops  # type: ignore[attr-defined]
     yield t
     t.close()
@@ -138,7 +138,7 @@ def test_malformed_and_oversized_lines_are_ignored(server: Telemetry, tmp_path: 
 
 
 def test_a_viewer_that_never_reads_is_dropped_and_never_blocks(tmp_path: Path) -> None:
-    server = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda: None,
+    server = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda _why: None,
                        buffer_bytes=4 * 1024 * 1024)
     stuck = Connection(tmp_path)  # says hello, then never reads again
     stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -244,7 +244,7 @@ def test_live_run_viewers_and_stop_over_the_socket(tmp_path: Path) -> None:
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_a_full_disk_under_metrics_jsonl_is_named_once_then_quiet(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
-    t = Telemetry(tmp_path, welcome_extra={"world_size": 1}, on_stop=lambda: None)
+    t = Telemetry(tmp_path, welcome_extra={"world_size": 1}, on_stop=lambda _why: None)
     try:
         t.publish(_metrics(1, pad=10_000))  # queued: the telemetry thread writes it
         with pytest.raises(OSError, match=r"metrics.jsonl cannot be appended to \(No space "
@@ -257,7 +257,7 @@ def test_a_full_disk_under_metrics_jsonl_is_named_once_then_quiet(tmp_path: Path
 
 
 def test_a_message_json_cannot_hold_is_dropped_and_the_thread_goes_on(tmp_path: Path) -> None:
-    t = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda: None, port=None)
+    t = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda _why: None, port=None)
     try:
         t.publish({"type": "event", "kind": "odd", "value": object()})  # not JSON
         t.publish({"type": "event", "kind": "after"})
@@ -265,3 +265,10 @@ def test_a_message_json_cannot_hold_is_dropped_and_the_thread_goes_on(tmp_path: 
     finally:
         t.close()
     assert [m.get("kind") for m in iter_metrics(tmp_path)] == ["after"]
+
+
+def test_a_stop_names_the_viewer_that_sent_it() -> None:
+    assert stop_reason({"type": "stop", "by": "the Rankscope window (pid 7 on h)"}) == (
+        "stop command from the Rankscope window (pid 7 on h)")
+    for by in (None, "", "x" * 201, "two\nlines", 42):
+        assert stop_reason({"type": "stop", "by": by}) == "stop command from a viewer"

@@ -38,7 +38,7 @@ def _trainer(ctx, tmp_path: Path, **overrides) -> Trainer:
     (folder / "checkpoints").mkdir()
     cfg = RunConfig(**base)
     stop = StopFlag(cfg.stop_check_every, ctx.side_group)
-    telemetry = Telemetry(folder, welcome_extra={}, on_stop=lambda: stop.request("test"),
+    telemetry = Telemetry(folder, welcome_extra={}, on_stop=lambda _why: stop.request("test"),
                           port=None)  # metrics.jsonl only
     return Trainer(cfg, ctx, folder, stop, telemetry)
 

@@ -195,6 +195,14 @@ class LaunchPanel(QWidget):
         self.error.setObjectName("error")
         self.error.setWordWrap(True)
         self.error.setStyleSheet("color: #d62728;")
+        # The reason for a bad value, in the row under its field (the bottom line above keeps
+        # the same text, and shows it only for a value no row of the form holds).
+        self.field_error = QLabel("")
+        self.field_error.setObjectName("field_error")
+        self.field_error.setWordWrap(True)
+        self.field_error.setStyleSheet("color: #d62728;")
+        self._forms = [form, nodes_form]
+        self._field_error_in: QFormLayout | None = None
         self.presets = QComboBox()
         self.presets.setObjectName("presets")
         self.presets.setToolTip("fill the form with one of Rankscope's presets (the runs "
@@ -325,13 +333,32 @@ class LaunchPanel(QWidget):
                 self.fields[key].setStyleSheet(ERROR_STYLE)
                 self.fields[key].setToolTip(message)
             self.error.setText(message)
+            self.error.setVisible(not self._show_under(self.fields.get(key or ""), message))
             self.last_error = message
             self._set_valid(False)
             return False
         self.error.setText("")
+        self._show_under(None, "")
         self.last_error = None
         self._set_valid(True)
         return True
+
+    def _show_under(self, field: QWidget | None, message: str) -> bool:
+        """Put ``message`` in a row under ``field`` (None: take the row away). False when no
+        row of the form holds that field (the devices, a field the form does not show)."""
+        if self._field_error_in is not None:
+            self._field_error_in.takeRow(self.field_error)
+            self._field_error_in = None
+        self.field_error.setText(message)
+        for form in self._forms:
+            row, _role = form.getWidgetPosition(field) if field is not None else (-1, None)
+            if row >= 0:
+                form.insertRow(row + 1, self.field_error)
+                self.field_error.show()
+                self._field_error_in = form
+                return True
+        self.field_error.hide()
+        return False
 
     def _set_valid(self, valid: bool) -> None:
         if valid != self.valid:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDockWidget,
     QFileDialog,
@@ -92,6 +92,9 @@ class MainWindow(QMainWindow):
         self.start_action = QAction("Start", self)
         self.start_action.setShortcut(QKeySequence("F5"))
         self.start_action.triggered.connect(self.start_run)
+        # F5 while Start is disabled (a bad value in the form): say why instead of nothing.
+        self.explain_start = QShortcut(QKeySequence("F5"), self)
+        self.explain_start.activated.connect(self.start_run)
         self.stop_action = QAction("Stop", self)
         self.stop_action.setShortcut(QKeySequence("Shift+F5"))
         self.stop_action.triggered.connect(self.controller.stop)
@@ -209,6 +212,8 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------------------ actions
     def start_run(self) -> Path | None:
         if self.controller.active:
+            self.message_label.setText("not started: a run is active here; stop it first "
+                                       "(Shift+F5), or open another run to leave it training")
             return None
         if self._scaling is not None and self._scaling.busy:
             self.message_label.setText("not started: a scaling sweep is training (Scaling tab);"
@@ -361,6 +366,7 @@ class MainWindow(QMainWindow):
     def _update_actions(self, *_: object) -> None:
         active = self.controller.active
         self.start_action.setEnabled(self.panel.valid and not active)
+        self.explain_start.setEnabled(not self.start_action.isEnabled())
         self.stop_action.setEnabled(active and not self.controller.stop_requested)
         self.panel.setEnabled(not active)
 

@@ -20,6 +20,7 @@ from ddp_engine.common.config_values import (
     split_dataset,
     split_plugin,
 )
+from ddp_engine.common.run_dir import read_status
 
 
 def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None:
@@ -65,6 +66,7 @@ def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None
             check_plugin(field_name, spec)
     if cfg.resume is not None:
         check_checkpoint_file(cfg.resume)
+        check_steps_left(cfg, checkpoint_step(cfg.resume))
     if cfg.run_dir is not None and Path(cfg.run_dir).exists() and not Path(cfg.run_dir).is_dir():
         raise ConfigError(f"run_dir: {cfg.run_dir!r} is a file, not a folder")
     if Path(cfg.runs_dir).exists() and not Path(cfg.runs_dir).is_dir():
@@ -148,3 +150,26 @@ def check_checkpoint_file(path: str) -> None:
         ok = False
     if not ok:
         raise ConfigError(f"resume: {path!r} is not a Rankscope checkpoint (not a torch.save file)")
+
+
+def checkpoint_step(path: str) -> int | None:
+    """The step of a run folder's ``checkpoints/last.pt``, from that run's status.json (no
+    torch); None for any other file, or when the folder does not say."""
+    p = Path(path)
+    if p.name != "last.pt" or p.parent.name != "checkpoints":
+        return None
+    status = read_status(p.parent.parent) or {}
+    step = status.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def check_steps_left(cfg: RunConfig, step: int | None) -> None:
+    """A resume from ``step`` must leave steps to train: ``max_steps`` above it.
+
+    Raises:
+        ConfigError: naming max_steps, the checkpoint's step and what to do.
+    """
+    if step is not None and cfg.max_steps is not None and cfg.max_steps <= step:
+        raise ConfigError(f"max_steps: the checkpoint is at step {step} and max_steps is "
+                          f"{cfg.max_steps}, so there is nothing left to train; raise max_steps "
+                          f"above {step}")

@@ -13,7 +13,11 @@ from ddp_engine.common import gpus
 from ddp_engine.common.cluster import rendezvous_args
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
-from ddp_engine.common.machine_checks import check_environment, resolved_device
+from ddp_engine.common.machine_checks import (
+    check_environment,
+    check_steps_left,
+    resolved_device,
+)
 from ddp_engine.common.run_dir import (
     CONFIG_FILE,
     new_run_dir,
@@ -49,7 +53,7 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
     if cfg.resume:
         from ddp_engine.rank import checkpoint  # imports torch: only when there is a file to check
 
-        checkpoint.load(cfg.resume)
+        check_steps_left(cfg, checkpoint.load(cfg.resume).get("step"))
     device = resolved_device(cfg, len(inventory))
     changes: dict[str, Any] = {"device": device}
     env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}

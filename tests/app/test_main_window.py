@@ -7,9 +7,11 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialogButtonBox, QLabel
 
 from app.dialogs import RemoteAttachDialog
@@ -18,7 +20,14 @@ from ddp_engine.common.protocol import read_monitor_file
 from ddp_engine.common.run_dir import read_rank_files, read_status
 from ddp_engine.rank.telemetry import Telemetry
 from tests.app.conftest import _make
-from tests.conftest import FAULTY, REPO, endless_run, processes_mentioning, wait_for
+from tests.conftest import (
+    FAULTY,
+    REPO,
+    endless_run,
+    make_run_folder,
+    processes_mentioning,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -348,3 +357,39 @@ def test_a_two_node_run_started_here_shows_every_rank_and_stops_both_nodes(
     assert len({d["step"] for d in ranks.values()}) == 1
     assert read_status(run_dir / "node-1")["state"] == "stopped"
     assert_no_process_left(run_dir)
+
+
+def test_the_reason_shows_under_its_field_and_f5_says_why_it_cannot_start(
+        qtbot, window: MainWindow) -> None:
+    panel = window.panel
+    panel.lr.setText("fast")
+    training = panel.lr.parentWidget().layout()
+    lr_row = training.getWidgetPosition(panel.lr)[0]
+    assert training.getWidgetPosition(panel.field_error)[0] == lr_row + 1
+    assert panel.field_error.isVisible() and panel.field_error.text().startswith(
+        "lr must be a number, got 'fast'")
+    assert not window.start_action.isEnabled()
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow, timeout=5000)
+    qtbot.keyClick(window, Qt.Key.Key_F5)
+    assert window.message_label.text().startswith("not started: lr must be a number")
+    panel.lr.setText("0.01")
+    assert not panel.field_error.isVisible() and training.indexOf(panel.field_error) < 0
+    assert window.start_action.isEnabled()
+
+
+def test_a_resume_with_nothing_left_to_train_is_refused_at_max_steps(
+        window: MainWindow, tmp_path: Path) -> None:
+    run = make_run_folder(tmp_path / "runs", "done", steps=300)
+    with zipfile.ZipFile(run / "checkpoints" / "last.pt", "w") as z:  # as torch.save writes
+        z.writestr("last/data.pkl", b"")
+    cfg = window.resume_from(run)
+    assert cfg is not None and cfg.max_steps == 300
+    panel = window.panel
+    assert not panel.valid and not window.start_action.isEnabled()
+    assert panel.error.text() == ("max_steps: the checkpoint is at step 300 and max_steps is "
+                                  "300, so there is nothing left to train; raise max_steps "
+                                  "above 300")
+    assert "d62728" in panel.max_steps.styleSheet()
+    panel.max_steps.setValue(400)
+    assert panel.valid

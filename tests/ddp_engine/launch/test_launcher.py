@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,6 +125,22 @@ def test_resume_continues_at_the_saved_step(finished_run, tmp_path: Path) -> Non
     before = mean_loss(metrics(src_dir)[-1])
     assert mean_loss(metrics(run_dir)[0]) < 2 * before + 0.1
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 230
+
+
+def test_a_resume_with_nothing_left_to_train_is_refused(finished_run, tmp_path: Path) -> None:
+    """max_steps at or below the checkpoint's step: exit 2 naming max_steps, before any rank
+    (from the run folder's status.json, and for a checkpoint moved elsewhere from the file)."""
+    src_dir, _ = finished_run
+    moved = tmp_path / "elsewhere.pt"
+    shutil.copyfile(src_dir / "checkpoints" / "last.pt", moved)
+    for ckpt in (src_dir / "checkpoints" / "last.pt", moved):
+        proc = run_engine("launch", "--nproc", "2", "--max-steps", "200", "--resume", str(ckpt),
+                          "--run-dir", str(tmp_path / "resumed"))
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.strip() == ("error: max_steps: the checkpoint is at step 200 and "
+                                       "max_steps is 200, so there is nothing left to train; "
+                                       "raise max_steps above 200")
+        assert not (tmp_path / "resumed").exists()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

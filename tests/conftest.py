@@ -168,7 +168,9 @@ def make_run_folder(parent: Path, name: str, *, state: str = "completed", steps:
     status = {"state": state, "step": steps, "total_steps": steps, "world_size": world_size,
               "nproc": world_size, "device": "cpu", "started": started,
               "updated": started + steps, "ended": started + steps if final else None,
-              "launcher_pid": launcher_pid, "last_eval": {"step": steps, "val_loss": 0.5}}
+              "launcher_pid": launcher_pid, "last_eval": {"step": steps, "val_loss": 0.5},
+              **({"checkpoint": str(run / "checkpoints" / "last.pt"), "checkpoint_step": steps}
+                 if checkpoint else {})}
     (run / "status.json").write_text(json.dumps(status))
     lines = [{"type": "event", "time": started, "kind": "run_start", "total_steps": steps,
               "world_size": world_size, "start_step": 0}]

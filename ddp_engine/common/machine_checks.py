@@ -153,13 +153,17 @@ def check_checkpoint_file(path: str) -> None:
 
 
 def checkpoint_step(path: str) -> int | None:
-    """The step of a run folder's ``checkpoints/last.pt``, from that run's status.json (no
-    torch); None for any other file, or when the folder does not say."""
+    """The step of a run folder's ``checkpoints/last.pt``, as that run's status.json says
+    (``checkpoint_step``, written by the launcher at each save; no torch); None for any other
+    file, or when the folder does not say (the launcher then reads the file itself)."""
     p = Path(path)
     if p.name != "last.pt" or p.parent.name != "checkpoints":
         return None
     status = read_status(p.parent.parent) or {}
-    step = status.get("step")
+    named = status.get("checkpoint")
+    if not isinstance(named, str) or Path(named).resolve() != p.resolve():
+        return None  # status.json speaks of another file
+    step = status.get("checkpoint_step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 

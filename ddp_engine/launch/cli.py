@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="K",
                        help=f"optimizer steps per count (default: {DEFAULT_STEPS})")
     runs = sub.add_parser("runs", help="list the runs under a runs folder, newest first")
-    runs.add_argument("runs_dir", metavar="RUNS_DIR", nargs="?", default="runs",
+    runs.add_argument("runs_dir", metavar="RUNS_DIR", nargs="?", default=None,
                       help="the runs folder (default: runs)")
     stop = sub.add_parser("stop", help="ask a running run to stop (agreed stop, checkpoint)")
     stop.add_argument("run_dir", metavar="RUN_DIR")
@@ -215,13 +215,16 @@ def cmd_stop(ns: argparse.Namespace) -> int:
 
 
 def cmd_runs(ns: argparse.Namespace) -> int:
-    folder = Path(ns.runs_dir)
-    if not folder.exists():
-        print(f"no runs yet: {str(folder)!r} does not exist (runs are written there by "
-              f"python -m ddp_engine launch --runs-dir {ns.runs_dir})")
+    folder = Path(ns.runs_dir or "runs")
+    if not folder.exists() and ns.runs_dir is None:  # the default folder: nothing ran here yet
+        print(f"no runs yet: {str(folder)!r} does not exist (python -m ddp_engine launch "
+              "writes its runs there)")
         return 0
+    if not folder.exists():
+        print(f"error: runs_dir: {ns.runs_dir!r} does not exist", file=sys.stderr)
+        return 2
     if not folder.is_dir():
-        print(f"error: runs_dir: {ns.runs_dir!r} is a file, not a folder", file=sys.stderr)
+        print(f"error: runs_dir: {str(folder)!r} is a file, not a folder", file=sys.stderr)
         return 2
     rows = [("NAME", "STATE", "MODEL", "DATASET", "DEVICES", "STEPS", "BEST LOSS", "DURATION")]
     index = RunIndex(ns.runs_dir)

@@ -202,7 +202,8 @@ class RunMonitor(threading.Thread):
                                           if k in msg})
         elif kind == "checkpoint_saved":
             paths = msg.get("paths") or []
-            self.status.update(checkpoint=paths[0] if paths else None)
+            self.status.update(checkpoint=paths[0] if paths else None,
+                               checkpoint_step=msg.get("step"))
             self._print(f"checkpoint saved at step {msg.get('step')}: {', '.join(paths)}")
         elif kind == "stopping":
             self.stop_reason = msg.get("reason")

@@ -173,8 +173,10 @@ def test_resume_relaunches_from_the_last_checkpoint_as_a_linked_run(qtbot, open_
     assert w.runs.buttons["resume"].isEnabled()
     cfg = w.resume_from(parent)
     assert cfg is not None and w.panel.resume.text() == str(parent / "checkpoints" / "last.pt")
-    assert w.panel.config().log_every == 5  # fields the form does not show are kept
+    assert not w.panel.valid  # max_steps 20 leaves nothing to train after step 20
+    assert w.panel.error.text().startswith("max_steps: the checkpoint is at step 20")
     w.panel.max_steps.setValue(35)  # editable before the relaunch
+    assert w.panel.config().log_every == 5  # fields the form does not show are kept
     with qtbot.waitSignal(w.controller.finished, timeout=180_000) as sig:
         child = w.start_run()
     assert sig.args[0]["state"] == "completed" and sig.args[0]["step"] == 35

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rankscope", description="Rankscope desktop app: "
                                      "launch PyTorch DDP training and watch every rank live")
-    parser.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
+    parser.add_argument("--runs-dir", default=None,
+                        help="folder of run folders (default: the one the --config preset "
+                        "names, else the one used last, else ./runs)")
     parser.add_argument("--config", help="a TOML preset to fill the launch form with")
     parser.add_argument("--start", action="store_true",
                         help="start the run at once (the --config preset, else the last form)")

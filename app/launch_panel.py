@@ -110,6 +110,8 @@ class LaunchPanel(QWidget):
     """The form. ``validity_changed(bool)`` tells the window whether Start may be enabled."""
 
     validity_changed = Signal(bool)
+    runs_dir_changed = Signal(str)
+    """The runs folder typed in the form, or set by a preset or a resume (the window follows)."""
 
     def __init__(self, runs_dir: str = "runs", gpus: list[GpuInfo] | None = None) -> None:
         super().__init__()
@@ -137,6 +139,8 @@ class LaunchPanel(QWidget):
         self.name = QLineEdit()
         self.name.setPlaceholderText("automatic: <model>-<dataset>")
         self.runs_dir = QLineEdit(runs_dir)
+        self.runs_dir.editingFinished.connect(
+            lambda: self.runs_dir_changed.emit(self.runs_dir.text().strip()))
         self.resume = QLineEdit()
         self.resume.setPlaceholderText("none: start from scratch")
         self.resume.setToolTip("continue from this checkpoint (a run's checkpoints/last.pt); "
@@ -291,7 +295,9 @@ class LaunchPanel(QWidget):
         self.checkpoint_every.setValue(cfg.checkpoint_every)
         self.seed.setValue(cfg.seed)
         self.name.setText(cfg.name or "")
-        self.runs_dir.setText(cfg.runs_dir)
+        if self.runs_dir.text().strip() != cfg.runs_dir:
+            self.runs_dir.setText(cfg.runs_dir)
+            self.runs_dir_changed.emit(cfg.runs_dir)
         self.resume.setText(cfg.resume or "")
         self.nnodes.setValue(cfg.nnodes)
         self.rdzv_endpoint.setText(cfg.rdzv_endpoint or "")
@@ -390,11 +396,8 @@ class LaunchPanel(QWidget):
         Path(path).write_text(self.config().to_toml(), encoding="utf-8")
 
     def load_preset_from(self, path: str | Path) -> None:
-        self.set_config(RunConfig.from_dict(load_config_file(path), source=f"preset {path}"))
-
-    def load_default_preset(self, path: str | Path) -> None:
-        """Fill the form with a shipped preset, keeping the form's runs folder (the presets
-        leave it out)."""
+        """Fill the form with a preset; one that names no runs folder (Rankscope's own never
+        do) keeps the form's."""
         data = load_config_file(path)
         data.setdefault("runs_dir", self.runs_dir.text().strip() or "runs")
         self.set_config(RunConfig.from_dict(data, source=f"preset {path}"))
@@ -404,7 +407,7 @@ class LaunchPanel(QWidget):
         self.presets.setCurrentIndex(0)  # a menu of presets, not a state of the form
         if path:
             try:
-                self.load_default_preset(path)
+                self.load_preset_from(path)
             except ConfigError as e:
                 self.error.setText(str(e))
 

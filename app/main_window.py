@@ -27,9 +27,12 @@ from app.metric_store import MetricStore
 from app.run_controller import RunController
 from app.run_model import (
     REMOTE_LOGS_NOTE,
+    RUNS_DIR_KEY,
+    choose_runs_dir,
     failure_text,
     finished_text,
     left_text,
+    preset_runs_dir,
     record_text,
     restored_form,
     resume_config,
@@ -51,7 +54,7 @@ DASHBOARD_DELAY_MS = 50
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, runs_dir: str = "runs", preset: str | None = None,
+    def __init__(self, runs_dir: str | None = None, preset: str | None = None,
                  settings: QSettings | None = None, gpus: list[GpuInfo] | None = None,
                  grace_s: float = 30.0) -> None:
         super().__init__()
@@ -59,6 +62,9 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(app_icon())
         self.resize(1400, 900)
         self.settings = settings if settings is not None else QSettings("Rankscope", "Rankscope")
+        remembered = self.settings.value(RUNS_DIR_KEY)
+        runs_dir = choose_runs_dir(runs_dir, preset_runs_dir(preset),
+                                   str(remembered) if remembered else None)
         self.store = MetricStore()
         self.controller = RunController(self, grace_s=grace_s)
         self.panel = LaunchPanel(runs_dir=runs_dir, gpus=gpus)
@@ -141,9 +147,21 @@ class MainWindow(QMainWindow):
             self.panel.load_preset_from(preset)
         else:
             self._restore_form()
-            if runs_dir != "runs":
-                self.panel.runs_dir.setText(runs_dir)
+        self.set_runs_folder(runs_dir)  # the last form's own folder gives way to this one
+        self.panel.runs_dir_changed.connect(self.set_runs_folder)
+        self.runs.folder_chosen.connect(self.set_runs_folder)
         self._update_actions()
+
+    def set_runs_folder(self, folder: str | Path) -> None:
+        """Make ``folder`` the runs folder: the Runs panel lists it, new runs go there (the
+        form's field), and the next start opens on it."""
+        text = str(folder).strip() or "runs"
+        if self.panel.runs_dir.text().strip() != text:
+            self.panel.runs_dir.setText(text)
+            self.panel.validate()
+        self.runs.set_runs_dir(text)
+        self.settings.setValue(RUNS_DIR_KEY, str(Path(text).resolve()))
+        self.settings.sync()
 
     def _build_dashboard(self) -> None:
         _ = self.dashboard

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.config_files import load_config_file
 from ddp_engine.common.protocol import check_address
 from ddp_engine.common.run_dir import CONFIG_FILE, read_json, read_status
 from ddp_engine.common.runs import RunSummary
@@ -135,6 +136,26 @@ def resume_config(path: Path, runs_dir: Path) -> tuple[RunConfig, str]:
 
 SETTINGS_KEY = "last_form"
 """Where the last form is remembered in the app's settings."""
+RUNS_DIR_KEY = "runs_dir"
+"""Where the runs folder is remembered (an absolute path)."""
+
+
+def preset_runs_dir(path: str | None) -> str | None:
+    """The runs folder a preset file names, if it names one (and parses)."""
+    if not path:
+        return None
+    try:
+        value = load_config_file(path).get("runs_dir")
+    except ConfigError:
+        return None  # loading the preset says what is wrong with it
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def choose_runs_dir(command_line: str | None, preset: str | None,
+                    remembered: str | None) -> str:
+    """The runs folder the window opens on: the command line's ``--runs-dir``, else the one the
+    ``--config`` preset names, else the one used last, else ./runs."""
+    return next((d for d in (command_line, preset, remembered) if d), "runs")
 
 
 def save_form(settings: Any, cfg: RunConfig) -> None:

@@ -113,6 +113,7 @@ class RunsPanel(QWidget):
     export_requested = Signal(object, str)  # Path, "csv" | "tensorboard"
     deleted = Signal(object)  # list[Path]
     scanned = Signal(object)  # list[RunSummary], after the table was updated
+    folder_chosen = Signal(object)  # Path: the user chose another runs folder (Folder...)
 
     def __init__(self, runs_dir: str | Path, interval_s: float = 2.0) -> None:
         super().__init__()
@@ -131,7 +132,12 @@ class RunsPanel(QWidget):
         self.tree.header().setStretchLastSection(False)
         self.tree.setColumnWidth(0, 260)
         self.buttons: dict[str, QPushButton] = {}
+        self.choose = QPushButton("Folder...")
+        self.choose.setObjectName("runs_choose")
+        self.choose.setToolTip("the runs folder: the runs listed here, and where new runs go")
+        self.choose.clicked.connect(self._choose_dialog)
         row = QHBoxLayout()
+        row.addWidget(self.choose)
         row.addWidget(self.folder, 1)
         for key, text, tip in (
                 ("open", "Open", "show the run's charts; a live run is attached, so Stop works"),
@@ -167,6 +173,13 @@ class RunsPanel(QWidget):
         self.set_runs_dir(runs_dir)
 
     # ------------------------------------------------------------------------------ folder
+    def _choose_dialog(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        chosen = QFileDialog.getExistingDirectory(self, "Runs folder", str(self.runs_dir))
+        if chosen:
+            self.folder_chosen.emit(Path(chosen))
+
     def set_runs_dir(self, runs_dir: str | Path) -> None:
         """Watch another runs folder (the table empties until its first scan)."""
         runs_dir = Path(runs_dir).resolve()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QMessageBox
 
 from app.main_window import MainWindow
@@ -216,3 +217,49 @@ def test_a_run_without_telemetry_is_followed_through_its_metrics_file(
             w.stop_action.trigger()  # no socket: SIGTERM to the launcher, an agreed stop
         assert sig.args[0]["state"] == "stopped" and sig.args[0]["leftover_pids"] == []
         assert not processes_mentioning(str(run_dir))
+
+
+# ------------------------------------------------------------------------ the runs folder
+def _window(qtbot, settings: Path, **kwargs) -> MainWindow:
+    w = MainWindow(settings=QSettings(str(settings), QSettings.Format.IniFormat), gpus=[],
+                   **kwargs)
+    qtbot.addWidget(w)
+    return w
+
+
+def test_the_runs_folder_comes_from_the_command_line_then_the_preset_then_the_last_one(
+        qtbot, tmp_path: Path) -> None:
+    ini = tmp_path / "settings.ini"
+    named, plain = tmp_path / "named.toml", tmp_path / "plain.toml"
+    named.write_text(f'runs_dir = "{tmp_path / "from-preset"}"\nbatch_size = 8\n')
+    plain.write_text("batch_size = 8\n")
+    w = _window(qtbot, ini, preset=str(named))
+    assert w.runs.runs_dir == (tmp_path / "from-preset").resolve()
+    assert w.panel.runs_dir.text() == str(tmp_path / "from-preset")
+    w = _window(qtbot, ini, preset=str(named), runs_dir=str(tmp_path / "cli"))
+    assert w.runs.runs_dir == (tmp_path / "cli").resolve()  # the command line wins
+    assert w.panel.config().runs_dir == str(tmp_path / "cli")
+    w = _window(qtbot, ini, preset=str(plain), runs_dir=str(tmp_path / "cli2"))
+    assert w.panel.config().runs_dir == str(tmp_path / "cli2")  # not ./runs
+    w.close()
+    again = _window(qtbot, ini)  # no --runs-dir, no preset: the one used last
+    assert again.runs.runs_dir == (tmp_path / "cli2").resolve()
+    assert again.panel.config().runs_dir == str((tmp_path / "cli2").resolve())
+
+
+def test_the_list_follows_the_form_the_presets_and_the_folder_button(
+        qtbot, tmp_path: Path) -> None:
+    w = _window(qtbot, tmp_path / "settings.ini", runs_dir=str(tmp_path / "a"))
+    w.panel.runs_dir.setText(str(tmp_path / "typed"))
+    w.panel.runs_dir.editingFinished.emit()
+    assert w.runs.runs_dir == (tmp_path / "typed").resolve()
+    preset = tmp_path / "p.toml"
+    preset.write_text(f'runs_dir = "{tmp_path / "preset-runs"}"\n')
+    w.panel.load_preset_from(preset)
+    assert w.runs.runs_dir == (tmp_path / "preset-runs").resolve()
+    preset.write_text("max_steps = 12\n")
+    w.panel.load_preset_from(preset)  # names none: the folder stays
+    assert w.runs.runs_dir == (tmp_path / "preset-runs").resolve()
+    w.runs.folder_chosen.emit(tmp_path / "chosen")  # as the Folder... dialog does
+    assert w.panel.config().runs_dir == str(tmp_path / "chosen")
+    assert w.runs.folder.text() == f"runs in {(tmp_path / 'chosen').resolve()}"

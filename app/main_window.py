@@ -41,7 +41,7 @@ from app.run_model import (
 from app.runs_panel import RunsPanel
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.gpus import GpuInfo
-from ddp_engine.common.protocol import check_address
+from ddp_engine.common.protocol import Connection, ProtocolError, check_address
 from ddp_engine.common.runs import RunIndex, RunSummary, walk
 from ddp_engine.common.sweep_plan import is_group
 
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from app.scaling import ScalingView
 
 DASHBOARD_DELAY_MS = 50
+ATTACH_CHECK_S = 4.0
+"""How long attaching to a remote rank 0 tries the address and token before it says why not."""
 
 
 class MainWindow(QMainWindow):
@@ -112,6 +114,7 @@ class MainWindow(QMainWindow):
                                       "machine, through a forwarded port and its token")
         self.attach_action.triggered.connect(self.show_attach_dialog)
         self.attach_dialog: RemoteAttachDialog | None = None
+        self.attach_failed_box: QMessageBox | None = None
         toolbar.addAction(self.start_action)
         toolbar.addAction(self.stop_action)
         toolbar.addSeparator()
@@ -272,13 +275,26 @@ class MainWindow(QMainWindow):
     def attach_remote(self, host: str, port: int, token: str) -> bool:
         """Watch (and make Stop work on) a run whose rank 0 is on another machine, through
         ``host:port`` (its forwarded ``--monitor-port``) and its monitor.json's ``token``.
-        The connection is made on the client thread. A run being watched is left training.
-        False, with the reason in the status bar, for bad input or while a Stop is under way."""
+        The address and the token are tried first (a few seconds at most); only when rank 0
+        welcomes this window does it leave the run it is watching (training on). False, with
+        the reason in the status bar (and a message box when the connection failed), for bad
+        input, a connection that fails, or while a Stop is under way."""
         host, token = host.strip(), token.strip()
         try:
             check_address(host, port, token)
+            Connection.to(host, port, token, timeout_s=ATTACH_CHECK_S).close()
         except ValueError as e:
             self.message_label.setText(f"not attached: {e}")
+            return False
+        except (ProtocolError, OSError) as e:
+            self.message_label.setText(f"not attached: {e}")
+            self.attach_failed_box = QMessageBox(
+                QMessageBox.Icon.Warning, "Not attached",
+                f"Rank 0 at {host}:{port} did not take this window:\n\n{e}\n\nCheck that the "
+                "port is forwarded (ssh -L) and that the token is the one in RUN_DIR/monitor."
+                "json on rank 0's machine. The run you were watching is still shown.",
+                QMessageBox.StandardButton.Ok, self)
+            self.attach_failed_box.open()
             return False
         if not self._leave_current():
             return False

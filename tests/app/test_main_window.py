@@ -24,6 +24,7 @@ from tests.conftest import (
     FAULTY,
     REPO,
     endless_run,
+    free_port,
     make_run_folder,
     processes_mentioning,
     wait_for,
@@ -393,3 +394,24 @@ def test_a_resume_with_nothing_left_to_train_is_refused_at_max_steps(
     assert "d62728" in panel.max_steps.styleSheet()
     panel.max_steps.setValue(400)
     assert panel.valid
+
+
+def test_attach_with_a_wrong_token_fails_fast_and_leaves_the_view_alone(
+        qtbot, window: MainWindow, tmp_path: Path) -> None:
+    server = Telemetry(tmp_path, welcome_extra={"world_size": 2}, on_stop=lambda _why: None)
+    try:
+        title = window.windowTitle()
+        started = time.monotonic()
+        assert not window.attach_remote("127.0.0.1", server.port, "not-the-token")
+        assert time.monotonic() - started < 10
+        assert window.windowTitle() == title and window.controller.state == "idle"
+        assert window.controller.remote is None
+        box = window.attach_failed_box
+        assert box is not None and box.isVisible()
+        assert "closed the connection instead of" in box.text() and "token" in box.text()
+        assert window.message_label.text().startswith("not attached: ")
+        port = free_port()  # nothing listens there
+        assert not window.attach_remote("127.0.0.1", port, server.token)
+        assert "cannot connect" in window.message_label.text()
+    finally:
+        server.close()

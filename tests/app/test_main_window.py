@@ -110,11 +110,23 @@ def test_a_whole_run_from_the_gui_to_completion(qtbot, window: MainWindow) -> No
     assert window.dashboard.throughput.chart.points("all ranks") == 6
     assert window.dashboard.sync.sync.points("rank 0") == 6
     assert "step 60/60" in window.dashboard.progress_label.text()
-    qtbot.waitUntil(lambda: window.logs.poll_once() or window.logs.rank.count() == 2,
-                    timeout=5000)
-    window.logs.filter.setText("rank 1/2")
-    window.logs.rank.setCurrentIndex(window.logs.rank.findData(1))
-    assert "rank 1/2 on cpu" in window.logs.text.toPlainText()
+    logs = window.logs
+    qtbot.waitUntil(lambda: logs.poll_once() or [logs.rank.itemText(i) for i in range(
+        logs.rank.count())] == ["all", "launcher", "rank 0", "rank 1"], timeout=5000)
+    logs.filter.setText("RANK 1/2")  # any case
+    logs.show_log("rank 1")
+    assert "rank 1/2 on cpu" in logs.text.toPlainText()
+    logs.show_log("launcher")  # the launcher's progress lines and how the run ended
+    assert logs.text.toPlainText() == "" and logs.note.text() == (
+        "no line of launcher has 'RANK 1/2'")
+    logs.filter.setText("completed at step 60")
+    assert logs.text.toPlainText() == "[rankscope] completed at step 60" and not logs.note.text()
+    logs.show_log("all")  # every log, each line named
+    shown = logs.text.toPlainText()
+    assert "[launcher] [rankscope] completed at step 60" in shown
+    logs.filter.setText("no such line anywhere")
+    assert logs.text.toPlainText() == ""
+    assert logs.note.text() == "no line of any log has 'no such line anywhere'"
     assert not processes_mentioning(str(run_dir))
 
 

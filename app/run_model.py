@@ -77,7 +77,12 @@ def finished_text(result: Mapping[str, Any]) -> str:
 
 
 def failure_text(result: Mapping[str, Any]) -> str:
-    """The message of the "Run failed" box: the reason, how each rank ended, its log's end."""
+    """The message of the "Run failed" box: the reason, how each rank ended, its log's end;
+    for a value the ranks refused (a ConfigError), its one line and nothing more."""
+    reason = str(result.get("reason") or "the run failed")
+    if "ConfigError: " in reason:
+        return (reason.replace("ConfigError: ", "") + "\n\nThe ranks refused this value before "
+                "training: nothing was trained. Fix it in the form and start again.")
     codes = result.get("exit_codes") or {}
     detail = ", ".join(
         f"rank {r}: " + (f"signal {d['signal']}" if d.get("signal") else

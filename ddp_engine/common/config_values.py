@@ -23,6 +23,12 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES: tuple[str, ...] = ("stop", "warn")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
+SYNTHETIC_SAMPLES = 4096
+"""The synthetic dataset's training samples unless ``num_samples`` says otherwise."""
+DIGITS_SAMPLES = 1797
+"""scikit-learn's digits: 1,797 images, of which ``val_fraction`` (default below) validate."""
+DIGITS_VAL_FRACTION = 0.2
+
 NODE_RANK_ENV = "RANKSCOPE_NODE_RANK"
 """Set by the launcher on each node of a multi-node run (``--node-rank``): the ranks are
 numbered by it, ``node_rank * local_world_size + local_rank``. torchrun's c10d rendezvous
@@ -91,3 +97,13 @@ def check_at_least(name: str, value: int | None, minimum: int) -> None:
 def check_positive(name: str, value: float) -> None:
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+
+
+def batch_exceeds_data(batch_size: int, grad_accum: int, nproc: int, samples: int) -> str | None:
+    """Why no step can be made, or None: each rank's shard of ``samples`` must hold at least
+    one step's ``batch_size x grad_accum`` samples (the loader drops a last partial batch)."""
+    if (samples // nproc) // batch_size // grad_accum > 0:
+        return None
+    return (f"batch_size: {batch_size} x grad_accum {grad_accum} x nproc {nproc} samples per "
+            f"step exceed the {samples} training samples; lower batch_size, grad_accum or "
+            "nproc")

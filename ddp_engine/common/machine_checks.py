@@ -14,9 +14,13 @@ from ddp_engine.common.config_values import (
     BUILTIN_DATASETS,
     BUILTIN_LOSSES,
     BUILTIN_MODELS,
+    DIGITS_SAMPLES,
+    DIGITS_VAL_FRACTION,
     MODULE_RE,
     PATH_DATASETS,
+    SYNTHETIC_SAMPLES,
     ConfigError,
+    batch_exceeds_data,
     split_dataset,
     split_plugin,
 )
@@ -64,6 +68,13 @@ def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None
                 raise ConfigError(f"dataset: {spec!r} must name a folder, {path!r} is not one")
         elif spec not in BUILTIN_MODELS + BUILTIN_DATASETS + BUILTIN_LOSSES:
             check_plugin(field_name, spec)
+    samples = builtin_train_samples(cfg)
+    if samples is not None:
+        nproc = cfg.nproc or (len(cfg.gpus) if cfg.gpus else
+                              gpu_count if device == "cuda" else min(2, cpu_count))
+        why = batch_exceeds_data(cfg.batch_size, cfg.grad_accum, max(1, nproc), samples)
+        if why:
+            raise ConfigError(why)
     if cfg.resume is not None:
         check_checkpoint_file(cfg.resume)
         check_steps_left(cfg, checkpoint_step(cfg.resume))
@@ -177,3 +188,19 @@ def check_steps_left(cfg: RunConfig, step: int | None) -> None:
         raise ConfigError(f"max_steps: the checkpoint is at step {step} and max_steps is "
                           f"{cfg.max_steps}, so there is nothing left to train; raise max_steps "
                           f"above {step}")
+
+
+def builtin_train_samples(cfg: RunConfig) -> int | None:
+    """How many training samples a built-in dataset has (synthetic, digits), known without
+    building it; None for the others (their size is known once a rank loads them)."""
+    kind, _ = split_dataset(cfg.dataset)
+    args = cfg.dataset_args
+    try:
+        if kind == "synthetic":
+            return int(args.get("num_samples", SYNTHETIC_SAMPLES))
+        if kind == "digits":
+            fraction = float(args.get("val_fraction", DIGITS_VAL_FRACTION))
+            return DIGITS_SAMPLES - int(DIGITS_SAMPLES * fraction)
+    except (TypeError, ValueError):
+        return None  # a bad argument: the rank names it
+    return None

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from ddp_engine.common.config import ConfigError, RunConfig
-from ddp_engine.common.config_values import split_dataset
+from ddp_engine.common.config_values import DIGITS_VAL_FRACTION, SYNTHETIC_SAMPLES, split_dataset
 from ddp_engine.rank.plugins import load_callable
 
 
@@ -39,7 +39,7 @@ class DataBundle:
 _SYNTHETIC_SHAPES = {"mlp": (32,), "convnet": (1, 8, 8), "resnet18": (3, 32, 32)}
 
 
-def synthetic(model: str, *, num_samples: int = 4096, val_samples: int = 512,
+def synthetic(model: str, *, num_samples: int = SYNTHETIC_SAMPLES, val_samples: int = 512,
               input_shape: list[int] | None = None, num_classes: int = 10,
               seed: int = 1234, noise: float = 0.05) -> DataBundle:
     """A deterministic, learnable classification set: labels of a fixed random linear teacher.
@@ -66,7 +66,7 @@ def synthetic(model: str, *, num_samples: int = 4096, val_samples: int = 512,
     return DataBundle(train, val, DataInfo("classification", shape, num_classes=num_classes))
 
 
-def digits(*, val_fraction: float = 0.2) -> DataBundle:
+def digits(*, val_fraction: float = DIGITS_VAL_FRACTION) -> DataBundle:
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, no download)."""
     try:
         from sklearn.datasets import load_digits

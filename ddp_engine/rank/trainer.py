@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.config_values import batch_exceeds_data
 from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.rank import checkpoint
 from ddp_engine.rank.data import DataBundle, build_datasets, make_loader
@@ -108,9 +109,8 @@ class Trainer:
         self.steps_per_epoch = len(self.loader) // cfg.grad_accum
         if self.steps_per_epoch == 0:
             n = len(self.data.train)  # type: ignore[arg-type]
-            raise ConfigError(f"batch_size: {cfg.batch_size} x grad_accum {cfg.grad_accum} x "
-                              f"nproc {self.world} samples per step exceed the {n} training "
-                              "samples; lower batch_size, grad_accum or nproc")
+            raise ConfigError(batch_exceeds_data(cfg.batch_size, cfg.grad_accum, self.world, n)
+                              or f"batch_size: no step fits the {n} training samples")
         limits = [cfg.max_steps or math.inf]
         if cfg.total_epochs is not None:
             limits.append(cfg.total_epochs * self.steps_per_epoch)

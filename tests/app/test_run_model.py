@@ -105,3 +105,11 @@ def test_the_last_form_is_remembered_without_its_resume() -> None:
 def test_counts_have_proper_plurals() -> None:
     assert (plural(1, "run folder"), plural(3, "run folder"), plural(0, "device")) == (
         "1 run folder", "3 run folders", "0 devices")
+
+
+def test_a_value_the_ranks_refused_is_one_line_not_a_traceback() -> None:
+    text = failure_text({"reason": "ranks 0, 1 failed: ConfigError: batch_size: 64 x grad_accum "
+                                   "1 x nproc 2 samples per step exceed the 100 training samples",
+                         "log_rank": 0, "log_tail": ["Traceback (most recent call last):"]})
+    assert text.startswith("ranks 0, 1 failed: batch_size: 64 x grad_accum 1 x nproc 2")
+    assert "Traceback" not in text and "nothing was trained" in text

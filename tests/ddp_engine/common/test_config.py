@@ -221,3 +221,16 @@ def test_resume_file_checks(tmp_path: Path) -> None:
         f.writestr("a.txt", "x")
     with pytest.raises(ConfigError, match=r"is not a Rankscope checkpoint"):
         check_environment(RunConfig(resume=str(z)), **ok)
+
+
+def test_a_batch_larger_than_a_builtin_dataset_is_refused_before_the_launch() -> None:
+    ok = {"gpu_count": 0, "cpu_count": 4}
+    with pytest.raises(ConfigError, match=r"^batch_size: 1000 x grad_accum 1 x nproc 2 samples "
+                                          r"per step exceed the 1438 training samples; lower "
+                                          r"batch_size, grad_accum or nproc$"):
+        check_environment(RunConfig(dataset="digits", batch_size=1000, device="cpu"), **ok)
+    check_environment(RunConfig(dataset="digits", batch_size=700, device="cpu"), **ok)
+    with pytest.raises(ConfigError, match=r"exceed the 100 training samples"):
+        check_environment(RunConfig(dataset="synthetic", dataset_args={"num_samples": 100},
+                                    batch_size=16, grad_accum=4, nproc=2, device="cpu"), **ok)
+

@@ -66,9 +66,10 @@ class ScalingView(QWidget):
         self.label = QLabel("no sweep yet: the launch form's config, K steps per device count")
         self.label.setObjectName("sweep_label")
         self.label.setWordWrap(True)
-        self.throughput = Chart("Throughput by device count", "samples/s", x_label="devices")
+        self.throughput = Chart("Throughput by device count", "samples/s", x_label="devices",
+                                x_counts=True)
         self.efficiency = Chart("Scaling efficiency", "efficiency (1 = linear)",
-                                x_label="devices")
+                                x_label="devices", from_zero=True, x_counts=True)
         row = QHBoxLayout()
         row.addWidget(QLabel("counts"))
         row.addWidget(self.counts)

@@ -90,9 +90,12 @@ class SteadyViewBox(pg.ViewBox):
     the thinned points): the auto-range takes those instead of asking each item for them,
     which pyqtgraph does for every axis on every pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, from_zero: bool = False) -> None:
         super().__init__()
         self.known: dict[pg.GraphicsObject, Bounds] = {}
+        self.from_zero = from_zero
+        """The y range always reaches down to 0 (memory, utilization: a 0.1% change is not a
+        cliff)."""
 
     def childrenBounds(self, frac=None, orthoRange=(None, None), items=None):  # noqa: ANN001, ANN201, N802
         items = self.addedItems if items is None else items
@@ -106,15 +109,34 @@ class SteadyViewBox(pg.ViewBox):
             for axis, (lo, hi) in enumerate((b[:2], b[2:])):
                 was = bounds[axis]
                 bounds[axis] = [lo, hi] if was is None else [min(was[0], lo), max(was[1], hi)]
+        if self.from_zero and bounds[1] is not None:
+            bounds[1] = [min(0.0, bounds[1][0]), max(0.0, bounds[1][1])]
         return [None if b is None else list(steady_range(*b)) for b in bounds]
+
+
+class IntegerAxis(pg.AxisItem):
+    """An axis of counts (devices): ticks only at whole numbers."""
+
+    def tickValues(self, minVal, maxVal, size):  # noqa: ANN001, ANN201, N802 (pyqtgraph's)
+        levels = []
+        for spacing, values in super().tickValues(minVal, maxVal, size):
+            whole = [v for v in values if float(v).is_integer()]
+            if spacing >= 1 and whole:
+                levels.append((spacing, whole))
+        if not levels:  # a narrow range: every whole number in it
+            levels = [(1.0, [float(v) for v in range(int(np.ceil(minVal)),
+                                                      int(np.floor(maxVal)) + 1)])]
+        return levels
 
 
 class Chart(pg.PlotWidget):
     """A plot whose curves are created once by name and then only fed new arrays."""
 
-    def __init__(self, title: str, y_label: str, x_label: str = "step") -> None:
-        self.view = SteadyViewBox()
-        super().__init__(viewBox=self.view)
+    def __init__(self, title: str, y_label: str, x_label: str = "step", *,
+                 from_zero: bool = False, x_counts: bool = False) -> None:
+        self.view = SteadyViewBox(from_zero)
+        super().__init__(viewBox=self.view,
+                         axisItems={"bottom": IntegerAxis("bottom")} if x_counts else None)
         self.setBackground("w")
         self.setTitle(title, color="#333", size="10pt")
         self.setLabel("left", y_label)

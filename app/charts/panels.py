@@ -178,8 +178,9 @@ class DevicePanel(PairPanel):
     them over frames); the caption goes with the utilization chart."""
 
     def __init__(self) -> None:
-        self.util = Chart("Utilization", "%")
-        self.mem = Chart("Memory", "GiB")
+        self.util = Chart("Utilization", "%", from_zero=True)
+        self.mem = Chart("Memory", "GiB", from_zero=True)
+        self._mem_unit = (2**30, "GiB")
         super().__init__(self.util, self.mem, self._device_caption)
 
     def redraw(self, store: MetricStore) -> None:
@@ -221,17 +222,28 @@ class DevicePanel(PairPanel):
             return self._spread_caption(store, gpu, lo, mid)
         return " | ".join(self._rank_caption(store, r) for r in store.ranks())
 
+    def _unit(self, largest: float) -> float:
+        """Bytes per unit of the memory axis: MiB below 1 GiB, else GiB (relabelled when it
+        changes)."""
+        unit = (2**20, "MiB") if largest < 2**30 else (2**30, "GiB")
+        if unit != self._mem_unit:
+            self._mem_unit = unit
+            self.mem.setLabel("left", unit[1])
+        return unit[0]
+
     def redraw_mem(self, store: MetricStore) -> None:
         if store.many_ranks:
             gpu = self._on_gpus(store)
             lo, mid, hi = store.spread("gpu_mem_used_bytes" if gpu else "rss_bytes")
-            self.mem.set_spread(self._what(store), mid.x, lo.y / 2**30, mid.y / 2**30,
-                                hi.y / 2**30, color(0))
+            div = self._unit(_largest(hi.y))
+            self.mem.set_spread(self._what(store), mid.x, lo.y / div, mid.y / div, hi.y / div,
+                                color(0))
             return
-        for rank in store.ranks():
-            mem = store.get(rank, "gpu_mem_used_bytes" if self._gpu(store, rank)
-                            else "rss_bytes")
-            self.mem.set_data(self._name(store, rank), mem.x, mem.y / 2**30, color(rank))
+        series = {rank: store.get(rank, "gpu_mem_used_bytes" if self._gpu(store, rank)
+                                  else "rss_bytes") for rank in store.ranks()}
+        div = self._unit(max((_largest(m.y) for m in series.values()), default=0.0))
+        for rank, mem in series.items():
+            self.mem.set_data(self._name(store, rank), mem.x, mem.y / div, color(rank))
 
     def _rank_caption(self, store: MetricStore, rank: int) -> str:
         name = self._name(store, rank)
@@ -364,3 +376,9 @@ def _fmt(value: float | None, unit: str) -> str:
     if value is None or not np.isfinite(value):
         return "n/a"
     return f"{value:.1f}{unit}"
+
+
+def _largest(y: np.ndarray) -> float:
+    """The largest finite value of ``y`` (0 for none)."""
+    finite = y[np.isfinite(y)] if len(y) else y
+    return float(finite.max()) if len(finite) else 0.0

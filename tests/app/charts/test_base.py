@@ -152,3 +152,21 @@ def test_a_reset_forgets_the_zoom_of_the_last_run(qtbot) -> None:
     chart.settle()
     lo, hi = chart.view.viewRange()[0]
     assert lo <= 0.0 and hi >= 4999.0, (lo, hi)  # the new run is shown whole
+
+
+def test_a_from_zero_chart_keeps_0_in_view(qtbot) -> None:
+    chart = Chart("Memory", "GiB", from_zero=True)
+    qtbot.addWidget(chart)
+    chart.set_data("rank 0", np.arange(50.0), 0.388 + np.arange(50.0) * 1e-5, "#1f77b4")
+    chart.settle()
+    lo, hi = chart.view.viewRange()[1]
+    assert lo <= 0.0 and hi >= 0.3885  # a 0.1% change is not drawn as a cliff
+
+
+def test_a_count_axis_ticks_only_whole_numbers(qtbot) -> None:
+    chart = Chart("Throughput", "samples/s", x_label="devices", x_counts=True)
+    qtbot.addWidget(chart)
+    for lo, hi in ((1.0, 2.0), (0.8, 8.2), (1.0, 64.0)):
+        levels = chart.getAxis("bottom").tickValues(lo, hi, 400)
+        values = [v for _spacing, vs in levels for v in vs]
+        assert values and all(float(v).is_integer() for v in values), (lo, hi, levels)

@@ -82,3 +82,24 @@ def test_many_ranks_are_drawn_as_a_spread_few_as_lines(qtbot, ranks: int) -> Non
         in devices
     _, mem = dash.devices.mem.curves["64 GPUs median"].getData()
     assert mem[-1] == 16.0
+
+
+def test_memory_is_drawn_in_mib_below_a_gib_and_in_gib_above(qtbot) -> None:
+    from app.dashboard import Dashboard
+    from app.metric_store import MetricStore
+
+    store = MetricStore()
+    dash = Dashboard(store)
+    qtbot.addWidget(dash)
+    rows = [{"rank": 0, "loss": 1.0, "rss_bytes": 400 * 2**20, "cpu_pct": 50.0,
+             "device": "cpu"}]
+    store.add({"type": "metrics", "time": 1.0, "step": 10, "ranks": rows})
+    dash.redraw(budget_s=None)
+    mem = dash.devices.mem
+    assert mem.getAxis("left").labelText == "MiB"
+    assert mem.curves["rank 0 (cpu)"].getData()[1][-1] == 400.0
+    rows[0]["rss_bytes"] = 3 * 2**30
+    store.add({"type": "metrics", "time": 2.0, "step": 20, "ranks": rows})
+    dash.redraw(budget_s=None)
+    assert mem.getAxis("left").labelText == "GiB"
+    assert mem.curves["rank 0 (cpu)"].getData()[1][-1] == 3.0

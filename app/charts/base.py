@@ -3,6 +3,7 @@ two points per pixel column (its min and max there) before pyqtgraph sees it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -159,6 +160,12 @@ class Chart(pg.PlotWidget):
         self._data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # as given, before thinning
         self._thinned_for: tuple[int, tuple[float, float] | None] = (0, None)
         self.paint_s = 0.0  # how long its last paint took (the dashboard budgets frames)
+        self.log_y = False
+        # pyqtgraph's "A" (auto-range) button, in the corner, whenever the view is zoomed or
+        # panned, not only while the mouse is over the chart: one click shows all the data.
+        item = self.getPlotItem()
+        item.updateButtons = self._update_reset_button  # type: ignore[method-assign]
+        item.autoBtn.setToolTip("reset the view: show all the data")
         self.view.sigXRangeChanged.connect(self._rethin)  # zoomed, panned, or auto-ranged
         self.view.sigResized.connect(self._rethin)
         menu = self.view.menu
@@ -195,8 +202,25 @@ class Chart(pg.PlotWidget):
         super().paintEvent(event)
         self.paint_s = time.perf_counter() - t0
 
+    def _update_reset_button(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the chart is being deleted
+            self.getPlotItem().autoBtn.setVisible(not all(self.view.autoRangeEnabled()))
+
+    def set_log_y(self, on: bool) -> None:
+        """A logarithmic y axis (values <= 0 are left out), or back to linear; shows all."""
+        if on == self.log_y:
+            return
+        self.log_y = on
+        self.getAxis("left").setLogMode(on)
+        for name, (x, y) in self._data.items():
+            self._show(self.curves[name], x, y)
+        self.view.enableAutoRange()
+
     def _show(self, item: pg.PlotCurveItem | pg.PlotDataItem, x: np.ndarray,
               y: np.ndarray) -> None:
+        if self.log_y:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                y = np.where(y > 0, np.log10(np.where(y > 0, y, 1.0)), np.nan)
         x, y = self._thin(x, y)
         self.view.known[item] = finite_bounds(x, y)
         item.setData(x, y, connect="finite")

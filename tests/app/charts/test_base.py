@@ -170,3 +170,24 @@ def test_a_count_axis_ticks_only_whole_numbers(qtbot) -> None:
         levels = chart.getAxis("bottom").tickValues(lo, hi, 400)
         values = [v for _spacing, vs in levels for v in vs]
         assert values and all(float(v).is_integer() for v in values), (lo, hi, levels)
+
+
+def test_a_zoomed_chart_shows_its_reset_button_and_it_shows_all_again(qtbot) -> None:
+    chart = shown_chart(qtbot)
+    chart.set_data("rank 0", np.arange(100.0), np.ones(100), "#1f77b4")
+    button = chart.getPlotItem().autoBtn
+    assert not button.isVisible()
+    chart.view.setXRange(10.0, 20.0)  # a zoom: auto-range off
+    assert button.isVisible()  # without the mouse over the chart
+    button.clicked.emit(button)  # as a click does
+    assert all(chart.view.autoRangeEnabled()) and not button.isVisible()
+
+
+def test_a_log_axis_draws_log10_and_leaves_out_what_is_not_positive(qtbot) -> None:
+    chart = shown_chart(qtbot)
+    chart.set_data("rank 0", np.arange(4.0), np.array([100.0, 10.0, 0.0, 1.0]), "#1f77b4")
+    chart.set_log_y(True)
+    y = chart.curves["rank 0"].getData()[1]
+    assert y[0] == 2.0 and y[1] == 1.0 and np.isnan(y[2]) and y[3] == 0.0
+    chart.set_log_y(False)
+    assert list(chart.curves["rank 0"].getData()[1]) == [100.0, 10.0, 0.0, 1.0]

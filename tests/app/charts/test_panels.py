@@ -103,3 +103,14 @@ def test_memory_is_drawn_in_mib_below_a_gib_and_in_gib_above(qtbot) -> None:
     dash.redraw(budget_s=None)
     assert mem.getAxis("left").labelText == "GiB"
     assert mem.curves["rank 0 (cpu)"].getData()[1][-1] == 3.0
+
+
+def test_the_loss_panel_has_a_log_scale_toggle(qtbot) -> None:
+    from app.charts.panels import LossPanel
+
+    panel = LossPanel()
+    qtbot.addWidget(panel)
+    panel.log.setChecked(True)
+    assert panel.chart.log_y and panel.chart.getAxis("left").logMode
+    panel.log.setChecked(False)
+    assert not panel.chart.log_y

@@ -154,7 +154,7 @@ class Chart(pg.PlotWidget):
             # the data, so a loss near 0 or a flat 1.0 would vanish along a grid line.
             axis.setZValue(-1)
         # A translucent white box: the legend's text stays legible over curves and grid.
-        self.legend = self.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 215),
+        self.legend = self.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 150),
                                      pen=pg.mkPen("#d0d0d0"))
         self.curves: dict[str, pg.PlotCurveItem | pg.PlotDataItem] = {}
         self._data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # as given, before thinning

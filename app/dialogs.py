@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -86,3 +88,22 @@ def ask_about_active_run(parent: QWidget) -> str:
     box.exec()
     clicked = box.clickedButton()
     return "stop" if clicked is stop else "leave" if clicked is leave else "cancel"
+
+
+def tell(widget: QWidget, text: str) -> None:
+    """Say ``text`` in the status line of ``widget``'s window (its QLabel "message"), if it
+    has one: where a saved file went, say."""
+    label = widget.window().findChild(QLabel, "message")
+    if label is not None:
+        label.setText(text)
+
+
+def save_folder(widget: QWidget) -> Path:
+    """Where a save dialog opens: the folder of the run ``widget``'s window shows, else its
+    runs folder, else the working folder."""
+    window = widget.window()
+    for folder in (getattr(window, "viewing", None),
+                   getattr(getattr(window, "runs", None), "runs_dir", None)):
+        if isinstance(folder, Path) and folder.is_dir():
+            return folder
+    return Path.cwd()

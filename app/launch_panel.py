@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from app.desktop import default_presets
 from app.devices import DevicePicker
+from app.dialogs import save_folder, tell
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
 from ddp_engine.common.config_values import (
@@ -412,15 +413,19 @@ class LaunchPanel(QWidget):
                 self.error.setText(str(e))
 
     def _save_preset_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save preset", "run.toml", "TOML (*.toml)")
+        path, _ = QFileDialog.getSaveFileName(self, "Save preset",
+                                              str(save_folder(self) / "run.toml"),
+                                              "TOML (*.toml)")
         if path:
             try:
                 self.save_preset_to(path)
-            except ConfigError as e:
+                tell(self, f"preset saved to {path}")
+            except (ConfigError, OSError) as e:
                 self.error.setText(f"not saved: {e}")
 
     def _load_preset_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Load preset", "", "TOML (*.toml)")
+        path, _ = QFileDialog.getOpenFileName(self, "Load preset", str(save_folder(self)),
+                                              "TOML (*.toml)")
         if path:
             try:
                 self.load_preset_from(path)

@@ -282,14 +282,17 @@ class Chart(pg.PlotWidget):
 
         title = self.getPlotItem().titleLabel.text or "chart"
         name = "".join(c if c.isalnum() else "_" for c in title).strip("_").lower() or "chart"
-        path, chosen = QFileDialog.getSaveFileName(self, "Save chart", f"{name}.png",
+        from app.dialogs import save_folder, tell
+
+        path, chosen = QFileDialog.getSaveFileName(self, "Save chart",
+                                                   str(save_folder(self) / f"{name}.png"),
                                                    "PNG (*.png);;SVG (*.svg)")
         if not path:
             return
         if Path(path).suffix.lower() not in (".png", ".svg"):  # the filter chosen decides
             path += ".svg" if chosen.startswith("SVG") else ".png"
         try:
-            self.export(path)
+            tell(self, f"chart saved to {self.export(path)}")
         except (OSError, ValueError) as e:
             QMessageBox.warning(self, "Chart not saved", str(e))
 

@@ -427,3 +427,17 @@ def test_attach_with_a_wrong_token_fails_fast_and_leaves_the_view_alone(
         assert "cannot connect" in window.message_label.text()
     finally:
         server.close()
+
+
+def test_saves_open_in_the_runs_folder_and_say_where_they_went(
+        window: MainWindow, tmp_path: Path) -> None:
+    from app.dialogs import save_folder, tell
+
+    chart = window.dashboard.loss.chart
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    assert save_folder(chart) == window.runs.runs_dir == (tmp_path / "runs").resolve()
+    run = make_run_folder(tmp_path / "runs", "seen")
+    window.open_run(run)
+    assert save_folder(chart) == run.resolve()  # the run on screen
+    tell(window.panel, f"preset saved to {tmp_path / 'p.toml'}")
+    assert window.message_label.text() == f"preset saved to {tmp_path / 'p.toml'}"

@@ -94,6 +94,7 @@ class RunMonitor(threading.Thread):
         progress comes from its ranks' heartbeats, printed every ``beat_print_s``."""
         self.beat_print_s = beat_print_s
         self._beat_printed = 0.0
+        self._first_beat: float | None = None
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
@@ -145,7 +146,12 @@ class RunMonitor(threading.Thread):
         self.last_step = min(steps)
         self.status.update(step=self.last_step)
         now = time.monotonic()
-        if now - self._beat_printed >= self.beat_print_s:
+        if self._first_beat is None:
+            self._first_beat = now
+        # The first line waits until every rank of this node beat (or a print interval has
+        # passed), so that it names them all.
+        everyone = len(beats) >= self.world_size or now - self._first_beat >= self.beat_print_s
+        if everyone and now - self._beat_printed >= self.beat_print_s:
             self._beat_printed = now
             self._print(f"node {self.node_rank}: ranks {', '.join(map(str, sorted(beats)))} at "
                         f"step {self.last_step} (node 0 has the metrics, checkpoints and "

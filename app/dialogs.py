@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
+    QDockWidget,
     QFormLayout,
     QLabel,
     QLineEdit,
+    QMainWindow,
     QMessageBox,
     QWidget,
 )
@@ -107,3 +112,33 @@ def save_folder(widget: QWidget) -> Path:
         if isinstance(folder, Path) and folder.is_dir():
             return folder
     return Path.cwd()
+
+
+def warn(parent: QWidget, title: str, text: str) -> QMessageBox:
+    """A warning box, window-modal but not blocking (open, not exec): timers, the Runs panel
+    and other runs' charts keep going while it is up. Returns it (tests read it)."""
+    box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok,
+                      parent)
+    box.open()
+    return box
+
+
+def dock(window: QMainWindow, title: str, widget: QWidget,
+         area: Qt.DockWidgetArea) -> QDockWidget:
+    """``widget`` in a fixed dock of ``window`` (not movable, floatable or closable)."""
+    box = QDockWidget(title, window)
+    box.setObjectName(f"{title.lower()}_dock")
+    box.setWidget(widget)
+    box.setFeatures(QDockWidget.DockWidgetFeature.NoDockWidgetFeatures)
+    window.addDockWidget(area, box)
+    return box
+
+
+def action(parent: QWidget, text: str, shortcut: str | None,
+           slot: Callable[[], object]) -> QAction:
+    """A QAction with its shortcut, triggering ``slot``."""
+    item = QAction(text, parent)
+    if shortcut:
+        item.setShortcut(QKeySequence(shortcut))
+    item.triggered.connect(lambda _checked=False: slot())
+    return item

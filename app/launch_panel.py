@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 from app.desktop import default_presets
 from app.devices import DevicePicker
 from app.dialogs import save_folder, tell
+from app.spec_field import CUSTOM, SpecField
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
 from ddp_engine.common.config_values import (
@@ -37,74 +38,9 @@ from ddp_engine.common.config_values import (
 from ddp_engine.common.gpus import GpuInfo
 from ddp_engine.common.machine_checks import check_environment
 
-CUSTOM = "Custom..."
 DATASET_CHOICES = [*BUILTIN_DATASETS, "text file...", "image folder...", CUSTOM]
 ERROR_STYLE = "border: 1px solid #d62728; background: #fff0f0;"
 DEFAULT_MAX_STEPS = 200
-
-
-class SpecField(QWidget):
-    """A combo of built-in names plus choices that need a path or FILE.py:FUNC."""
-
-    changed = Signal()
-
-    def __init__(self, name: str, choices: list[str], path_choices: dict[str, str]) -> None:
-        super().__init__()
-        self.setObjectName(name)
-        self.path_choices = path_choices  # choice -> prefix ("text:", "" for plugins)
-        self.combo = QComboBox()
-        self.combo.setObjectName(f"{name}_combo")
-        self.combo.addItems(choices)
-        self.path = QLineEdit()
-        self.path.setObjectName(f"{name}_path")
-        self.browse = QPushButton("...")
-        self.browse.setFixedWidth(30)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.combo, 1)
-        layout.addWidget(self.path, 2)
-        layout.addWidget(self.browse)
-        self.combo.currentTextChanged.connect(self._update)
-        self.path.textChanged.connect(lambda _t: self.changed.emit())
-        self.browse.clicked.connect(self._pick)
-        self._update()
-
-    def _update(self) -> None:
-        choice = self.combo.currentText()
-        needs_path = choice in self.path_choices
-        self.path.setVisible(needs_path)
-        self.browse.setVisible(needs_path)
-        self.path.setPlaceholderText("FILE.py:FUNC or package.module:FUNC" if choice == CUSTOM
-                                     else "path")
-        self.changed.emit()
-
-    def _pick(self) -> None:
-        choice = self.combo.currentText()
-        if choice == "image folder...":
-            path = QFileDialog.getExistingDirectory(self, "Image folder")
-        else:
-            path, _ = QFileDialog.getOpenFileName(self, "Choose a file")
-        if path:
-            self.path.setText(f"{path}:build" if choice == CUSTOM and path.endswith(".py")
-                              else path)
-
-    def value(self) -> str:
-        choice = self.combo.currentText()
-        if choice in self.path_choices:
-            return self.path_choices[choice] + self.path.text().strip()
-        return choice
-
-    def set_value(self, spec: str) -> None:
-        if self.combo.findText(spec) >= 0 and spec not in self.path_choices:
-            self.combo.setCurrentText(spec)
-            return
-        for choice, prefix in self.path_choices.items():
-            if prefix and spec.startswith(prefix):
-                self.combo.setCurrentText(choice)
-                self.path.setText(spec[len(prefix):])
-                return
-        self.combo.setCurrentText(CUSTOM)
-        self.path.setText(spec)
 
 
 class LaunchPanel(QWidget):

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QDockWidget,
     QFileDialog,
     QLabel,
     QMainWindow,
@@ -20,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.desktop import app_icon
-from app.dialogs import RemoteAttachDialog, ask_about_active_run
+from app.dialogs import RemoteAttachDialog, action, ask_about_active_run, dock, warn
 from app.launch_panel import LaunchPanel
 from app.logs_view import LogsView
 from app.metric_store import MetricStore
@@ -34,6 +33,7 @@ from app.run_model import (
     left_text,
     preset_runs_dir,
     record_text,
+    remote_refusal,
     restored_form,
     resume_config,
     save_form,
@@ -41,7 +41,7 @@ from app.run_model import (
 from app.runs_panel import RunsPanel
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.gpus import GpuInfo
-from ddp_engine.common.protocol import Connection, ProtocolError, check_address
+from ddp_engine.common.protocol import check_address
 from ddp_engine.common.runs import RunIndex, RunSummary, walk
 from ddp_engine.common.sweep_plan import is_group
 
@@ -81,42 +81,28 @@ class MainWindow(QMainWindow):
         self.tabs.currentChanged.connect(self._tab_shown)
         self.setCentralWidget(self.tabs)
         self.runs = RunsPanel(runs_dir)
-        runs_dock = QDockWidget("Runs", self)
-        runs_dock.setObjectName("runs_dock")
-        runs_dock.setWidget(self.runs)
-        runs_dock.setFeatures(QDockWidget.DockWidgetFeature.NoDockWidgetFeatures)
-        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, runs_dock)
+        runs_dock = dock(self, "Runs", self.runs, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.resizeDocks([runs_dock], [190], Qt.Orientation.Vertical)
         scroll = QScrollArea()
         scroll.setWidget(self.panel)
         scroll.setWidgetResizable(True)
-        dock = QDockWidget("Launch", self)
-        dock.setObjectName("launch_dock")
-        dock.setWidget(scroll)
-        dock.setFeatures(QDockWidget.DockWidgetFeature.NoDockWidgetFeatures)
-        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
-        self.launch_dock = dock
+        self.launch_dock = dock(self, "Launch", scroll, Qt.DockWidgetArea.LeftDockWidgetArea)
 
-        self.start_action = QAction("Start", self)
-        self.start_action.setShortcut(QKeySequence("F5"))
-        self.start_action.triggered.connect(self.start_run)
+        self.start_action = action(self, "Start", "F5", self.start_run)
         # F5 while Start is disabled (a bad value in the form): say why instead of nothing.
         self.explain_start = QShortcut(QKeySequence("F5"), self)
         self.explain_start.activated.connect(self.start_run)
-        self.stop_action = QAction("Stop", self)
-        self.stop_action.setShortcut(QKeySequence("Shift+F5"))
-        self.stop_action.triggered.connect(self.controller.stop)
+        self.stop_action = action(self, "Stop", "Shift+F5", self.controller.stop)
         self.stop_action.setEnabled(False)
-        toolbar = QToolBar("Run")
-        toolbar.setObjectName("run_toolbar")
-        self.attach_action = QAction("Attach to remote rank 0...", self)
+        self.attach_action = action(self, "Attach to remote rank 0...", None,
+                                    self.show_attach_dialog)
         self.attach_action.setToolTip("Watch and stop a run whose rank 0 is on another "
                                       "machine, through a forwarded port and its token")
-        self.attach_action.triggered.connect(self.show_attach_dialog)
         self.attach_dialog: RemoteAttachDialog | None = None
         self.attach_failed_box: QMessageBox | None = None
-        toolbar.addAction(self.start_action)
-        toolbar.addAction(self.stop_action)
+        toolbar = QToolBar("Run")
+        toolbar.setObjectName("run_toolbar")
+        toolbar.addActions([self.start_action, self.stop_action])
         toolbar.addSeparator()
         toolbar.addAction(self.attach_action)
         self.addToolBar(toolbar)
@@ -282,19 +268,13 @@ class MainWindow(QMainWindow):
         host, token = host.strip(), token.strip()
         try:
             check_address(host, port, token)
-            Connection.to(host, port, token, timeout_s=ATTACH_CHECK_S).close()
         except ValueError as e:
             self.message_label.setText(f"not attached: {e}")
             return False
-        except (ProtocolError, OSError) as e:
-            self.message_label.setText(f"not attached: {e}")
-            self.attach_failed_box = QMessageBox(
-                QMessageBox.Icon.Warning, "Not attached",
-                f"Rank 0 at {host}:{port} did not take this window:\n\n{e}\n\nCheck that the "
-                "port is forwarded (ssh -L) and that the token is the one in RUN_DIR/monitor."
-                "json on rank 0's machine. The run you were watching is still shown.",
-                QMessageBox.StandardButton.Ok, self)
-            self.attach_failed_box.open()
+        refused = remote_refusal(host, port, token, ATTACH_CHECK_S)
+        if refused is not None:
+            self.message_label.setText(f"not attached: {refused[0]}")
+            self.attach_failed_box = warn(self, "Not attached", refused[1])
             return False
         if not self._leave_current():
             return False
@@ -414,12 +394,7 @@ class MainWindow(QMainWindow):
             self.store.info.state = "disconnected"
         self.message_label.setText(finished_text(result))
         if result.get("state") == "failed":
-            # Window-modal but not blocking (open, not exec): timers, the Runs panel and
-            # other runs' charts keep going while the message is up.
-            self.failure_box = QMessageBox(QMessageBox.Icon.Warning, "Run failed",
-                                           failure_text(result),
-                                           QMessageBox.StandardButton.Ok, self)
-            self.failure_box.open()
+            self.failure_box = warn(self, "Run failed", failure_text(result))
         self._update_actions()
 
     # ------------------------------------------------------------------------------ settings

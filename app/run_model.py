@@ -16,7 +16,7 @@ from typing import Any
 
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
-from ddp_engine.common.protocol import check_address
+from ddp_engine.common.protocol import Connection, ProtocolError, check_address
 from ddp_engine.common.run_dir import CONFIG_FILE, read_json, read_status
 from ddp_engine.common.runs import RunSummary
 
@@ -54,6 +54,19 @@ def stop_by() -> str:
 def reason_text(reason: str) -> str:
     """A run's reason as this window words it: its own stop is "stopped from this window"."""
     return reason.replace(f"stop command from {stop_by()}", "stopped from this window")
+
+
+def remote_refusal(host: str, port: int, token: str, timeout_s: float) -> tuple[str, str] | None:
+    """Try a remote rank 0's address and token (a welcome within ``timeout_s``). None when it
+    takes this window; else why not, as a status line and as a message box's text."""
+    try:
+        Connection.to(host, port, token, timeout_s=timeout_s).close()
+    except (ProtocolError, OSError) as e:
+        return str(e), (f"Rank 0 at {host}:{port} did not take this window:\n\n{e}\n\n"
+                        "Check that the port is forwarded (ssh -L) and that the token is the "
+                        "one in RUN_DIR/monitor.json on rank 0's machine. The run you were "
+                        "watching is still shown.")
+    return None
 
 
 def finished_text(result: Mapping[str, Any]) -> str:

@@ -45,6 +45,16 @@ INTERRUPTED = "interrupted"
 (its launcher was killed, or the machine restarted)."""
 
 
+def fmt_number(value: object, rate: bool = False) -> str:
+    """A number for people (status, the launcher's lines): 4 significant digits, a rate as a
+    whole number with thousands separators; "n/a" for none."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "n/a"
+    if rate:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
 def fmt_duration(seconds: float | None) -> str:
     """``m:ss`` or ``h:mm:ss``; ``?`` for an unknown or impossible duration."""
     if seconds is None or not math.isfinite(seconds) or seconds < 0:

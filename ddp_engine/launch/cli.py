@@ -21,7 +21,13 @@ from ddp_engine.common.cluster import DEFAULT_RDZV_PORT, node_script, slurm_scri
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.protocol import Connection, ProtocolError, read_monitor_file
 from ddp_engine.common.run_dir import FINAL_STATES, read_status
-from ddp_engine.common.runs import RunIndex, fmt_duration, owner_process, process_if_alive
+from ddp_engine.common.runs import (
+    RunIndex,
+    fmt_duration,
+    fmt_number,
+    owner_process,
+    process_if_alive,
+)
 from ddp_engine.common.sweep_plan import DEFAULT_STEPS, parse_counts
 from ddp_engine.launch.sweep import run_sweep
 
@@ -267,16 +273,6 @@ def _signal_launcher(data: dict, run_dir: str) -> bool:
     with contextlib.suppress(psutil.Error):
         proc.terminate()
     return True
-
-
-def fmt_number(value: object, rate: bool = False) -> str:
-    """A number for people: 4 significant digits (a rate as a whole number with thousands
-    separators); "-" for none."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "-"
-    if rate:
-        return f"{value:,.0f}"
-    return f"{value:.4g}"
 
 
 def main(argv: list[str] | None = None) -> int:

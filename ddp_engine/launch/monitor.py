@@ -27,7 +27,7 @@ from ddp_engine.common.run_dir import (
     atomic_write_json,
     read_rank_files,
 )
-from ddp_engine.common.runs import fmt_duration
+from ddp_engine.common.runs import fmt_duration, fmt_number
 
 
 class StatusFile:
@@ -198,11 +198,12 @@ class RunMonitor(threading.Thread):
         elif kind == "epoch_start":
             self.status.update(epoch=msg.get("epoch"))
         elif kind == "eval":
-            extra = (f", accuracy {_fmt(msg['val_accuracy'])}" if "val_accuracy" in msg else "")
+            extra = (f", accuracy {fmt_number(msg['val_accuracy'])}" if "val_accuracy" in msg
+                     else "")
             took = (f" (took {fmt_seconds(msg['eval_s'])})"
                     if isinstance(msg.get("eval_s"), int | float) else "")
-            self._print(f"eval at step {msg.get('step')}: val loss {_fmt(msg.get('val_loss'))}"
-                        f"{extra}{took}")
+            self._print(f"eval at step {msg.get('step')}: val loss "
+                        f"{fmt_number(msg.get('val_loss'))}{extra}{took}")
             self.status.update(last_eval={k: msg.get(k) for k in
                                           ("step", "val_loss", "val_accuracy", "eval_s")
                                           if k in msg})
@@ -223,7 +224,7 @@ class RunMonitor(threading.Thread):
         self.last_step = step
         self.status.update(step=step, epoch=msg.get("epoch"), last_metrics=msg)
         ranks = msg.get("ranks") or []
-        losses = " ".join(f"r{r['rank']}={_fmt(r.get('loss'))}" for r in ranks)
+        losses = " ".join(f"r{r['rank']}={fmt_number(r.get('loss'))}" for r in ranks)
         rate = sum(r.get("samples_per_s") or 0.0 for r in ranks)
         now = time.time()
         self._rate.append((now, step))
@@ -243,7 +244,3 @@ class RunMonitor(threading.Thread):
 
 def fmt_mib(n: int | None) -> str:
     return "memory unknown" if n is None else f"{n / 2**20:,.0f} MiB"
-
-
-def _fmt(value: Any) -> str:
-    return "n/a" if value is None else f"{value:.4f}"

@@ -50,6 +50,15 @@ def open_window(args: argparse.Namespace) -> MainWindow:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from app import desktop
+    from ddp_engine.common.config import ConfigError, RunConfig
+    from ddp_engine.common.config_files import load_config_file
+
+    if args.config:  # a bad preset: one line and exit 2, before any window
+        try:
+            RunConfig.from_dict(load_config_file(args.config), source=f"preset {args.config}")
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
 
     if args.install_desktop:
         for path in desktop.install_desktop_entry():

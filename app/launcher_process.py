@@ -83,8 +83,7 @@ class LauncherProcess:
         """Note the launcher's descendants and ``extra_pids`` (rank pids from status.json)."""
         pids = list(extra_pids)
         if self.pid is not None:
-            with contextlib.suppress(psutil.Error):
-                pids += [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
+            pids += [p.pid for p in processes.tree(self.pid)[1:]]
         self._remember(pids)
 
     def _remember(self, pids: Iterable[int]) -> None:

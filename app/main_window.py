@@ -146,8 +146,7 @@ class MainWindow(QMainWindow):
         form's field), and the next start opens on it."""
         text = str(folder).strip() or "runs"
         if self.panel.runs_dir.text().strip() != text:
-            self.panel.runs_dir.setText(text)
-            self.panel.validate()
+            self.panel.runs_dir.setText(text)  # the form validates on every change
         self.runs.set_runs_dir(text)
         self.settings.setValue(RUNS_DIR_KEY, str(Path(text).resolve()))
         self.settings.sync()

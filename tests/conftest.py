@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ddp_engine.common.processes import terminate_then_kill
+
 pytest_plugins = ["tests.simulated_nvml"]  # the simulated_nvml fixture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,24 +127,17 @@ def _gpu_count() -> int:
     return gpu_count()
 
 
+_EXIT_STATUS: list[int] = []
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Safety net: a run that a failed test left behind (runs outlive their window by design)
     is ended, so it cannot slow the rest of CI. Tests assert no leftovers themselves."""
+    _EXIT_STATUS.append(int(exitstatus))
     base = getattr(session.config, "_tmp_path_factory", None)
     if base is None:
         return
-    left = processes_mentioning(str(base.getbasetemp()))
-    for p in left:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=10)
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    terminate_then_kill(processes_mentioning(str(base.getbasetemp())), grace_s=10)
 
 
 cuda = pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA device (none visible to NVML)")
@@ -201,3 +196,19 @@ def fake_launcher() -> Iterator[psutil.Process]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the test process as soon as pytest is done, with pytest's own exit status.
+
+    PySide6 with pyqtgraph can crash in Qt's destructors while the interpreter shuts down
+    after a run whose every test passed (pyqtgraph issue 2520; seen here once in nine full
+    runs on 2026-12-04: "358 passed", then "Segmentation fault", exit 139). Every result is
+    reported by now, so nothing is hidden by skipping that teardown; ``RANKSCOPE_TEST_TEARDOWN=1``
+    keeps it, to look for the crash."""
+    if _EXIT_STATUS and os.environ.get("RANKSCOPE_TEST_TEARDOWN") != "1":
+        config.get_terminal_writer().flush()  # the summary line is still in its buffer
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS[-1])

@@ -12,8 +12,12 @@ well under a second inside one run shares the machine's noise far better than se
 - ``step``: the engine's ``Trainer._train_step`` with telemetry off (no hook, no timing);
 - ``timed``: the same with telemetry on (the timing comm hook, the phase stamps, the
   heartbeat's phase updates; the device sampler and heartbeat threads run);
-- ``+rounds``: ``timed`` plus the agreed-stop rounds as the engine runs them (an asynchronous
-  all-gather every 5 steps, read a round later);
+- ``timed-div``: ``timed`` with the hook as it was before 2026-12-04's change: the hook divides
+  every gradient bucket by the world size (a pass over all gradients) instead of the step
+  dividing its loss;
+- ``+rounds``: ``timed`` plus the agreed-stop rounds as the engine runs them by default (an
+  asynchronous all-gather every 10 steps, read a round later);
+- ``+rounds5``: the same with rounds every 5 steps (the default before 2026-12-04);
 - ``+reports``: ``+rounds`` plus a report every 10 steps (loss, timing, device readings,
   gathered in the rounds, published by rank 0 to metrics.jsonl through the telemetry thread);
 - ``sync-rounds``: ``timed`` plus the agreed-stop check as before issue 16: a synchronous
@@ -33,7 +37,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = ("plain", "step", "timed", "+rounds", "+reports", "sync-rounds")
+VARIANTS = ("plain", "step", "timed", "timed-div", "+rounds", "+rounds5", "+reports",
+            "sync-rounds")
+PAIRS = (("timed-div", "timed"), ("+rounds5", "+rounds"))
+"""The 2026-12-04 changes, each against what it replaced."""
 
 
 def launch(args: argparse.Namespace) -> None:
@@ -44,7 +51,8 @@ def launch(args: argparse.Namespace) -> None:
                         "--nproc-per-node", "2", __file__, "--rank-side", "--out", str(out),
                         "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
                         "--hidden", str(args.hidden)], check=True, env=env, cwd=REPO)
-        result = json.loads(out.read_text())
+        got = json.loads(out.read_text())
+    result, blocks = got["median"], got["blocks"]
     print(f"mlp 256-{args.hidden}-{args.hidden}-10, batch 64/rank, SGD, 2 CPU ranks (gloo); "
           f"{args.blocks} blocks of {args.block_steps} steps per variant, rotating")
     base = result["plain"]
@@ -53,6 +61,11 @@ def launch(args: argparse.Namespace) -> None:
         v = result[name]
         print(f"  {name:<12} {1000 * v:10.3f}       {1e6 * (v - base):+10.0f}              "
               f"{(v - base) / base:+7.1%}")
+    print("side by side, block by block (the same block of the run): before - now")
+    for before, now in PAIRS:
+        diffs = [a - b for a, b in zip(blocks[before], blocks[now], strict=True)]
+        print(f"  {before:<10} - {now:<8} median {1e6 * statistics.median(diffs):+6.0f} us/step, "
+              f"{sum(d > 0 for d in diffs)}/{len(diffs)} blocks slower")
 
 
 def rank_side(args: argparse.Namespace) -> None:
@@ -83,10 +96,14 @@ def rank_side(args: argparse.Namespace) -> None:
     (work / "ranks").mkdir()
     heartbeat = Heartbeat(work, rank)
     heartbeat.start()
-    stop_flag = StopFlag(5, ctx.side_group)
+    stop_flag = StopFlag(cfg.stop_check_every, ctx.side_group)  # the default: 10
+    every5 = StopFlag(5, ctx.side_group)
     untimed = Trainer(RunConfig(**{**cfg.to_dict(), "telemetry": False}), ctx, work,
                       StopFlag(5, ctx.side_group))
     timed = Trainer(cfg, ctx, work, stop_flag, telemetry, heartbeat)
+    timed_div = Trainer(cfg, ctx, work, StopFlag(5, ctx.side_group), None, heartbeat)
+    assert timed_div.timer is not None
+    timed_div.timer.divide, timed_div._loss_factor = True, 1.0  # the hook divides, as before
     assert timed.device_sampler is not None
     timed.device_sampler.start()  # as in a run: the rank's device readings at 2 Hz
     torch.manual_seed(cfg.seed)
@@ -100,7 +117,7 @@ def rank_side(args: argparse.Namespace) -> None:
         while True:
             yield from trainer.loader
 
-    feeds = {id(untimed): batches(untimed), id(timed): batches(timed)}
+    feeds = {id(t): batches(t) for t in (untimed, timed, timed_div)}
     plain_feed = batches(untimed)
 
     def plain_step() -> None:
@@ -110,7 +127,8 @@ def rank_side(args: argparse.Namespace) -> None:
         plain_opt.step()
         plain_opt.zero_grad(set_to_none=True)
 
-    def engine_step(trainer: Trainer, rounds: str, reports: bool) -> None:
+    def engine_step(trainer: Trainer, rounds: str, reports: bool,
+                    flags: StopFlag = stop_flag) -> None:
         loss = trainer._train_step(feeds[id(trainer)])
         step["n"] += 1
         n = step["n"]
@@ -118,7 +136,7 @@ def rank_side(args: argparse.Namespace) -> None:
         if rounds == "async":
             trainer.pos.step = n
             trainer._phase("stop_check")
-            got = stop_flag.after_step(
+            got = flags.after_step(
                 n, (lambda: trainer._row(interval)) if reports and n % 10 == 0 else None)
             trainer._publish(got)
         elif rounds == "sync" and n % 5 == 0:
@@ -128,7 +146,9 @@ def rank_side(args: argparse.Namespace) -> None:
         "plain": plain_step,
         "step": lambda: engine_step(untimed, "", False),
         "timed": lambda: engine_step(timed, "", False),
+        "timed-div": lambda: engine_step(timed_div, "", False),
         "+rounds": lambda: engine_step(timed, "async", False),
+        "+rounds5": lambda: engine_step(timed, "async", False, every5),
         "+reports": lambda: engine_step(timed, "async", True),
         "sync-rounds": lambda: engine_step(timed, "sync", False),
     }
@@ -136,7 +156,8 @@ def rank_side(args: argparse.Namespace) -> None:
     for _ in range(5):  # warm-up: DDP rebuilds its buckets after the first iterations
         for name in VARIANTS:
             runs[name]()
-    stop_flag.after_step(step["n"] + 1, flush=True)  # nothing left pending between blocks
+    for flags in (stop_flag, every5):  # nothing left pending between blocks
+        flags.after_step(step["n"] + 1, flush=True)
     for block in range(args.blocks):
         k = block % len(VARIANTS)
         for name in VARIANTS[k:] + VARIANTS[:k]:
@@ -146,12 +167,14 @@ def rank_side(args: argparse.Namespace) -> None:
             for _ in range(args.block_steps):
                 runs[name]()
             per_step[name].append((time.perf_counter() - t0) / args.block_steps)
-            stop_flag.settle()  # read what the block left, outside its time
-            # the next block's rounds pace themselves on its own steps, not on the gap
-            stop_flag._next, stop_flag._last = None, (0, 0.0)
+            for flags in (stop_flag, every5):
+                flags.settle()  # read what the block left, outside its time
+                # the next block's rounds pace themselves on its own steps, not on the gap
+                flags._next, flags._last = None, (0, 0.0)
     if rank == 0:
-        Path(args.out).write_text(json.dumps({k: statistics.median(v)
-                                               for k, v in per_step.items()}))
+        Path(args.out).write_text(json.dumps({"median": {k: statistics.median(v)
+                                                         for k, v in per_step.items()},
+                                              "blocks": per_step}))
     heartbeat.close()
     if telemetry is not None:
         telemetry.close()

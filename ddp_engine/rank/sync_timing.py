@@ -5,11 +5,14 @@
   (or more) later, once ``Event.query()`` says they have happened: never a synchronize.
 - The all-reduce is timed by a DDP communication hook that does what the stock
   ``default_hooks.allreduce_hook`` does: a stamp when DDP hands the bucket over, another in the
-  future's ``then`` callback. Sync time per step is the union of the buckets' in-flight
-  intervals (buckets that overlap count once). The *exposed* part is how long the step waited
-  after backward compute ended: from the last bucket's hand-over to the end of ``backward()``
-  (DDP's backward returns, or on CUDA lets the stream continue, only once every bucket is
-  reduced).
+  future's ``then`` callback. The stock hook divides every bucket by the world size, a pass over
+  all gradients that DDP's own all-reduce folds into its copy into the bucket and a hook cannot:
+  where the training step divides its loss by the world size instead (``divide=False``), the
+  hook sums as it is, for the same mean gradient. Sync time per step is the union of the
+  buckets' in-flight intervals (buckets that overlap count once). The *exposed* part is how
+  long the step waited after backward compute ended: from the last bucket's hand-over to the
+  end of ``backward()`` (DDP's backward returns, or on CUDA lets the stream continue, only
+  once every bucket is reduced).
 - Data wait is host time blocked on the DataLoader, timed with perf_counter on every device.
 """
 
@@ -46,8 +49,11 @@ class _Step:
 class StepTimer:
     """Collects one record per training step; :meth:`collect` sums the resolved ones."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, divide: bool = True) -> None:
+        """``divide``: the hook divides each bucket by the world size (the stock hook's mean);
+        False where the step has divided its loss by the world size already."""
         self.cuda = device.type == "cuda"
+        self.divide = divide
         self._lock = threading.Lock()  # hook callbacks can run on a communication thread
         self._current = _Step()
         self._pending: deque[_Step] = deque()
@@ -77,13 +83,15 @@ class StepTimer:
     def hook(self, state: dist.ProcessGroup | None, bucket: dist.GradBucket
              ) -> torch.futures.Future[torch.Tensor]:
         """DDP comm hook: the stock all-reduce (``default_hooks.allreduce_hook``: divide by the
-        world size, all-reduce the bucket), timed, with one callback instead of two."""
+        world size, all-reduce the bucket), timed, with one callback instead of two. Without
+        ``divide`` the bucket is summed as it is (the loss was divided instead)."""
         buf = bucket.buffer()
         record = _Bucket(start=self.stamp(), nbytes=buf.numel() * buf.element_size())
         with self._lock:
             self._current.buckets.append(record)
         group = state if state is not None else dist.group.WORLD
-        buf.div_(dist.get_world_size(group))
+        if self.divide:
+            buf.div_(dist.get_world_size(group))
 
         def done(fut: "torch.futures.Future[list[torch.Tensor]]") -> torch.Tensor:  # noqa: UP037
             # (quoted: not evaluated on every bucket of every step)

@@ -122,9 +122,10 @@ class RunConfig:
                         "times a second)", 10)
     """Metrics interval in steps."""
     stop_check_every: int = _f("at most N steps between agreed-stop checks (a tiny CPU "
-                               "all-reduce); slow steps are checked every 0.5 s, down to every "
-                               "step", 5)
-    """How often ranks agree on whether to stop."""
+                               "all-gather that also carries the reports); slow steps are "
+                               "checked every 0.5 s, down to every step", 10)
+    """How often ranks agree on whether to stop. The default equals log_every's, so that on
+    short steps one round every 10 steps carries both the stop and the reports."""
     telemetry: bool = _f("per-rank timing (comm hook), device sampling and the live server",
                          True)
     """Measure and serve live telemetry; off leaves only loss and throughput in metrics.jsonl."""

@@ -108,6 +108,20 @@ def test_a_stop_request_ends_the_loop_at_a_check_step(ctx, tmp_path: Path) -> No
     assert kinds[-3:] == ["stopping", "checkpoint_saved", "stopped"]
 
 
+def test_by_default_one_round_every_ten_steps_carries_both_the_stop_and_the_report(
+        ctx, tmp_path: Path) -> None:
+    """Issue 16: with the default intervals, short steps start one agreement round per report
+    (a round costs more than its own few microseconds: the side group's threads wake on every
+    rank), not two rounds per report."""
+    defaults = RunConfig()
+    trainer = _trainer(ctx, tmp_path, max_steps=40, log_every=defaults.log_every,
+                       stop_check_every=defaults.stop_check_every)
+    assert trainer.run() == "completed"
+    ms = [m for m in _lines(trainer) if m["type"] == "metrics"]
+    assert [m["step"] for m in ms] == [10, 20, 30, 40]
+    assert trainer.stop.rounds == [10, 20, 30, 40]
+
+
 def test_reports_read_a_round_later_keep_their_own_step_epoch_and_time(ctx, tmp_path) -> None:
     # 8 steps an epoch; reports every 4 steps, rounds every 2: each report is read at the
     # round after it, and must still say the step, epoch and time it was taken at.

@@ -147,6 +147,7 @@ def plot(points: list[dict[str, float]], path: Path) -> None:
     from app.charts.base import Chart, color
     from bench.plotting import save_chart
 
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # a picture, no window: no display
     app = QApplication.instance() or QApplication([])
     chart = Chart("engine with default settings / plain DDP loop (2 CPU ranks)",
                   "throughput ratio", "plain loop's step time, ms (log)")

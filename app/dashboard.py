@@ -13,12 +13,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
+    QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
     QProgressBar,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
@@ -39,6 +42,12 @@ LABELS_S = 0.25
 """How often the progress line and the panels' captions take new text: a label's new text
 costs a repaint of the widgets around and beneath it (its parents, the tab page), about as
 much as a chart's, so not in every frame (docs/BENCHMARKS.md)."""
+PANEL_MIN_HEIGHT = 230
+"""A chart panel is never squeezed below this (a chart of 80 px says nothing): where the
+window is too small for all four, the dashboard scrolls."""
+TWO_COLUMNS_MIN_WIDTH = 900
+"""Below this width the panels stand in one column, each as wide as the dashboard, rather
+than two columns of charts too narrow to read."""
 FRAME_BUDGET_S = 0.008
 """What the charts drawn in one frame may cost (their setData, fitting and paint, as each last
 measured its own): half a tick, so the event loop has the rest. At least one chart draws."""
@@ -63,17 +72,24 @@ class Dashboard(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.progress_label)
         top.addWidget(self.progress, 1)
-        grid = QGridLayout()
-        grid.addWidget(self.loss, 0, 0)
-        grid.addWidget(self.throughput, 0, 1)
-        grid.addWidget(self.sync, 1, 0)
-        grid.addWidget(self.devices, 1, 1)
-        grid.setRowStretch(0, 1)
-        grid.setRowStretch(1, 1)
+        self.panels: tuple[QWidget, ...] = (self.loss, self.throughput, self.sync, self.devices)
+        for panel in self.panels:
+            panel.setMinimumHeight(PANEL_MIN_HEIGHT)
+        page = QWidget()
+        self.grid = QGridLayout(page)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self.columns = 0
+        self._arrange(2)
+        self.scroll = QScrollArea()
+        self.scroll.setObjectName("dashboard_scroll")
+        self.scroll.setWidget(page)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.alert)
-        layout.addLayout(grid, 1)
+        layout.addWidget(self.scroll, 1)
         self.parts: tuple[tuple[Chart, Callable[[MetricStore], None]], ...] = (
             (self.loss.chart, self.loss.redraw),
             (self.throughput.chart, self.throughput.redraw),
@@ -83,6 +99,8 @@ class Dashboard(QWidget):
             (self.devices.mem, self.devices.redraw_mem))
         """Each chart, and what redraws it (and its panel's caption) from the store."""
         self.charts = tuple(chart for chart, _redraw in self.parts)
+        for chart in self.charts[1:]:  # every chart is against step: zoom one, see all there
+            chart.link_x(self.loss.chart)
         self.cost_s = dict.fromkeys(self.charts, 0.0)
         """What a redraw of each chart costs (its setData, fitting and paint), averaged."""
         self._drawn = dict.fromkeys(self.charts, -1)  # the store version each chart shows
@@ -96,6 +114,23 @@ class Dashboard(QWidget):
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.redraw)
         self.timer.start(REDRAW_MS)
+
+    def _arrange(self, columns: int) -> None:
+        """The panels in ``columns`` columns (2: loss and throughput above sync and devices;
+        1: the four one under the other), every row stretching alike."""
+        if columns == self.columns:
+            return
+        self.columns = columns
+        for panel in self.panels:
+            self.grid.removeWidget(panel)
+        for i, panel in enumerate(self.panels):
+            self.grid.addWidget(panel, i // columns, i % columns)
+        for row in range(4):
+            self.grid.setRowStretch(row, 1 if row < 4 // columns else 0)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt's name)
+        self._arrange(2 if event.size().width() >= TWO_COLUMNS_MIN_WIDTH else 1)
+        super().resizeEvent(event)
 
     def reset(self) -> None:
         self.store.clear()
@@ -179,6 +214,9 @@ class Dashboard(QWidget):
             info = self.store.info
             hint = hang_hint(read_heartbeats(self.run_dir), now) if self.run_dir else None
             parts.append(stall_text(stall, info.clock.typical_s(), info.step, hint))
+        warning = self.store.warning_text()  # kept for the run: a spike may be long past
+        if warning:
+            parts.append(warning)
         text = "\n".join(parts)
         if text != self.alert.text():
             self.alert.setText(text)

@@ -125,11 +125,12 @@ def warn(parent: QWidget, title: str, text: str) -> QMessageBox:
 
 def dock(window: QMainWindow, title: str, widget: QWidget,
          area: Qt.DockWidgetArea) -> QDockWidget:
-    """``widget`` in a fixed dock of ``window`` (not movable, floatable or closable)."""
+    """``widget`` in a fixed dock of ``window`` (not movable or floatable; it can be hidden,
+    and its ``toggleViewAction`` shows it again: room for the charts in a small window)."""
     box = QDockWidget(title, window)
     box.setObjectName(f"{title.lower()}_dock")
     box.setWidget(widget)
-    box.setFeatures(QDockWidget.DockWidgetFeature.NoDockWidgetFeatures)
+    box.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetClosable)
     window.addDockWidget(area, box)
     return box
 

@@ -74,18 +74,20 @@ class LaunchPanel(QWidget):
         self.checkpoint_every = self._spin("checkpoint_every", 0, 10**9, 0, "0: at stop and end")
         self.seed = self._spin("seed", 0, 2**31 - 1, 0)
         self.name = QLineEdit()
-        self.name.setPlaceholderText("automatic: <model>-<dataset>")
+        self.name.setPlaceholderText("<model>-<dataset>")
+        self.name.setToolTip("the run folder's name; empty: automatic, <model>-<dataset> and "
+                             "the start time")
         self.runs_dir = QLineEdit(runs_dir)
         self.runs_dir.editingFinished.connect(
             lambda: self.runs_dir_changed.emit(self.runs_dir.text().strip()))
         self.resume = QLineEdit()
-        self.resume.setPlaceholderText("none: start from scratch")
+        self.resume.setPlaceholderText("none")
         self.resume.setToolTip("continue from this checkpoint (a run's checkpoints/last.pt); "
                                "Resume... in the Runs panel fills it in")
         self.devices = DevicePicker(gpus)
         self.nnodes = self._spin("nnodes", 1, 4096, 1, "machines in the run; this one is node 0")
         self.rdzv_endpoint = QLineEdit()
-        self.rdzv_endpoint.setPlaceholderText("HOST:PORT of this machine, e.g. node0:29400")
+        self.rdzv_endpoint.setPlaceholderText("HOST:PORT, e.g. node0:29400")
         self.rdzv_endpoint.setToolTip("torchrun's c10d rendezvous: this machine's address, "
                                       "reachable from every node, and a free port")
         for key, widget in (("model", self.model), ("dataset", self.dataset),
@@ -143,6 +145,9 @@ class LaunchPanel(QWidget):
         self.field_error.setWordWrap(True)
         self.field_error.setStyleSheet("color: #d62728;")
         self._forms = [form, nodes_form]
+        for f in self._forms:  # a narrow panel puts a field under its label, never cut off
+            f.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
+            f.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self._field_error_in: QFormLayout | None = None
         self.presets = QComboBox()
         self.presets.setObjectName("presets")

@@ -55,6 +55,10 @@ ATTACH_CHECK_S = 4.0
 """How long attaching to a remote rank 0 tries the address and token before it says why not."""
 
 
+LAUNCH_DOCK_WIDTH = 340
+"""The launch panel's width at start, in pixels."""
+
+
 class MainWindow(QMainWindow):
     def __init__(self, runs_dir: str | None = None, preset: str | None = None,
                  settings: QSettings | None = None, gpus: list[GpuInfo] | None = None,
@@ -81,18 +85,25 @@ class MainWindow(QMainWindow):
         self.tabs.currentChanged.connect(self._tab_shown)
         self.setCentralWidget(self.tabs)
         self.runs = RunsPanel(runs_dir)
-        runs_dock = dock(self, "Runs", self.runs, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.runs_dock = runs_dock = dock(self, "Runs", self.runs,
+                                          Qt.DockWidgetArea.BottomDockWidgetArea)
         self.resizeDocks([runs_dock], [190], Qt.Orientation.Vertical)
         scroll = QScrollArea()
         scroll.setWidget(self.panel)
         scroll.setWidgetResizable(True)
+        # The form wraps its rows to the dock's width (a field under its label): it scrolls
+        # down, never sideways.
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.launch_dock = dock(self, "Launch", scroll, Qt.DockWidgetArea.LeftDockWidgetArea)
+        # Wide enough for the form's labels and a readable field beside each (its separator
+        # moves it); the charts get the rest, in one column in a small window.
+        self.resizeDocks([self.launch_dock], [LAUNCH_DOCK_WIDTH], Qt.Orientation.Horizontal)
 
         self.start_action = action(self, "Start", "F5", self.start_run)
         # F5 while Start is disabled (a bad value in the form): say why instead of nothing.
         self.explain_start = QShortcut(QKeySequence("F5"), self)
         self.explain_start.activated.connect(self.start_run)
-        self.stop_action = action(self, "Stop", "Shift+F5", self.controller.stop)
+        self.stop_action = action(self, "Stop", "Shift+F5", self.stop_run)
         self.stop_action.setEnabled(False)
         self.attach_action = action(self, "Attach to remote rank 0...", None,
                                     self.show_attach_dialog)
@@ -105,6 +116,15 @@ class MainWindow(QMainWindow):
         toolbar.addActions([self.start_action, self.stop_action])
         toolbar.addSeparator()
         toolbar.addAction(self.attach_action)
+        toolbar.addSeparator()
+        for box, text, keys in ((self.launch_dock, "Launch panel", "Ctrl+1"),
+                                (runs_dock, "Runs panel", "Ctrl+2")):
+            toggle = box.toggleViewAction()
+            toggle.setText(text)
+            toggle.setShortcut(keys)
+            toggle.setToolTip(f"show or hide the {text.lower()} ({keys}): more room for the "
+                              "charts in a small window")
+            toolbar.addAction(toggle)
         self.addToolBar(toolbar)
         self.state_label = QLabel("idle")
         self.state_label.setObjectName("state")
@@ -182,6 +202,8 @@ class MainWindow(QMainWindow):
             self._scaling = ScalingView()
             self._scaling.start_button.clicked.connect(self.start_sweep)
             self._scaling.started.connect(lambda _g: self.runs.refresh())
+            self._scaling.said.connect(self._sweep_said)
+            self._scaling.current_run.connect(self._follow_sweep)
             self._replace_tab(2, self._scaling, "Scaling")
         return self._scaling
 
@@ -206,6 +228,39 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.scaling)
         return group
 
+    def _sweep_said(self, text: str) -> None:
+        """A sweep training (or just ended) says where it is in the status bar, not an old
+        message of the last run."""
+        if self.controller.active and self.controller.run_dir is not None \
+                and self.controller.run_dir.parent != self.scaling.group_dir:
+            return  # the status bar speaks of the run watched here, not of the sweep
+        self.message_label.setText(text)
+
+    def _follow_sweep(self, run_dir: Path) -> None:
+        """The dashboard shows the count that is training now (the tab on screen stays)."""
+        watching = self.controller.run_dir if self.controller.active else None
+        if watching is not None and watching.parent != self.scaling.group_dir:
+            return  # a run of the user's own is watched: leave it on screen
+        tab = self.tabs.currentWidget()
+        self.open_run(run_dir)
+        self.tabs.setCurrentWidget(tab)
+
+    def _watching_sweep(self) -> bool:
+        """The run watched is a count of the sweep training now."""
+        run = self.controller.run_dir if self.controller.active else None
+        return (self._scaling is not None and self._scaling.live and run is not None
+                and run.parent == self._scaling.group_dir)
+
+    def stop_run(self) -> None:
+        """Stop (Shift+F5): the run watched; when that is a count of a sweep, the sweep (its
+        count stops at an agreed step and no further count starts)."""
+        if self._watching_sweep():
+            self.scaling.stop()
+            self.stop_action.setEnabled(False)
+            self.message_label.setText("stopping the scaling sweep...")
+            return
+        self.controller.stop()
+
     @property
     def compare(self) -> CompareView:
         if self._compare is None:
@@ -217,13 +272,13 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------------------ actions
     def start_run(self) -> Path | None:
-        if self.controller.active:
-            self.message_label.setText("not started: a run is active here; stop it first "
-                                       "(Shift+F5), or open another run to leave it training")
-            return None
         if self._scaling is not None and self._scaling.busy:
             self.message_label.setText("not started: a scaling sweep is training (Scaling tab);"
                                        " stop it first, or its numbers mean nothing")
+            return None
+        if self.controller.active:
+            self.message_label.setText("not started: a run is active here; stop it first "
+                                       "(Shift+F5), or open another run to leave it training")
             return None
         try:
             cfg = self.panel.config()

@@ -42,12 +42,17 @@ SWEEP_CONFIG = "sweep.toml"
 
 class ScalingView(QWidget):
     started = Signal(object)  # the group folder
+    current_run = Signal(object)
+    """The run folder of the count that started training now (the dashboard follows it)."""
+    said = Signal(str)
+    """The sweep's state in a line, whenever it changes (the window's status bar shows it)."""
 
     def __init__(self, poll_ms: int = 1000) -> None:
         super().__init__()
         self.group_dir: Path | None = None
         self.live = False  # the group shown is a sweep training now
         self.group: dict[str, Any] | None = None
+        self._current: str | None = None  # group.json's current run, as last seen
         self.sweep: LauncherProcess | None = None
         self.counts = QLineEdit()
         self.counts.setObjectName("sweep_counts")
@@ -137,6 +142,7 @@ class ScalingView(QWidget):
 
     def show_group(self, group_dir: Path) -> None:
         self.group_dir = Path(group_dir)
+        self._current = None
         for chart in (self.throughput, self.efficiency):
             chart.reset()
         self.poll_once()
@@ -162,6 +168,11 @@ class ScalingView(QWidget):
             return self.sweep is None or self.sweep.ended()
         self.group = group
         self._draw(group, live)
+        current = group.get("current") if live else None
+        if current != self._current:
+            self._current = current if isinstance(current, str) else None
+            if self._current:
+                self.current_run.emit(self.group_dir / self._current)
         ended = not live and (self.sweep is None or self.sweep.ended())
         if ended:
             self.timer.stop()
@@ -195,4 +206,7 @@ class ScalingView(QWidget):
             parts.append(f"training {group['current']}...")
         if group.get("reason"):
             parts.append(str(group["reason"]))
-        self.label.setText(" | ".join(parts))
+        text = "scaling sweep " + " | ".join(parts)
+        if text != self.label.text():
+            self.label.setText(text)
+            self.said.emit(text)

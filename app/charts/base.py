@@ -114,6 +114,22 @@ class SteadyViewBox(pg.ViewBox):
             bounds[1] = [min(0.0, bounds[1][0]), max(0.0, bounds[1][1])]
         return [None if b is None else list(steady_range(*b)) for b in bounds]
 
+    def linkedViewChanged(self, view, axis):  # noqa: ANN001, ANN201, N802 (pyqtgraph's)
+        """Show the same x range as the linked chart. pyqtgraph lines linked views up by their
+        place on the screen where they overlap: a half-width chart under the loss chart would
+        show only the steps drawn above it."""
+        if axis != pg.ViewBox.XAxis:
+            return super().linkedViewChanged(view, axis)
+        if self.linksBlocked or view is None:
+            return None
+        view.blockLink(True)
+        try:
+            self.enableAutoRange(pg.ViewBox.XAxis, False)
+            self.setXRange(*view.viewRange()[0], padding=0)
+        finally:
+            view.blockLink(False)
+        return None
+
 
 class IntegerAxis(pg.AxisItem):
     """An axis of counts (devices): ticks only at whole numbers."""
@@ -158,9 +174,11 @@ class Chart(pg.PlotWidget):
                                      pen=pg.mkPen("#d0d0d0"))
         self.curves: dict[str, pg.PlotCurveItem | pg.PlotDataItem] = {}
         self._data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # as given, before thinning
+        self.marks: list[pg.InfiniteLine] = []  # vertical lines at events, until reset()
         self._thinned_for: tuple[int, tuple[float, float] | None] = (0, None)
         self.paint_s = 0.0  # how long its last paint took (the dashboard budgets frames)
         self.log_y = False
+        self.x_master: Chart | None = None  # the chart whose x range this one follows
         # pyqtgraph's "A" (auto-range) button, in the corner, whenever the view is zoomed or
         # panned, not only while the mouse is over the chart: one click shows all the data.
         item = self.getPlotItem()
@@ -202,9 +220,32 @@ class Chart(pg.PlotWidget):
         super().paintEvent(event)
         self.paint_s = time.perf_counter() - t0
 
+    def link_x(self, master: Chart) -> None:
+        """Show the x range of ``master`` (a step chart beside it): zooming or panning either
+        moves both, and the reset button of either shows all of both again. The x axis is
+        fitted to the data by the master alone; this chart's own y axis stays its own."""
+        self.x_master = master
+        self.setXLink(master)
+        self.view.disableAutoRange(pg.ViewBox.XAxis)
+        master.view.sigStateChanged.connect(lambda _v: self._update_reset_button())
+        self.getPlotItem().autoBtn.clicked.connect(self._reset_linked_view)
+
+    def x_auto(self) -> bool:
+        """Whether the x axis fits the data (a linked chart's: whether its master's does)."""
+        view = self.view if self.x_master is None else self.x_master.view
+        return bool(view.autoRangeEnabled()[0])
+
+    def _reset_linked_view(self) -> None:
+        """After pyqtgraph's own reset (this chart's x and y auto-ranged): x goes back to
+        following the master, and the master shows all its data."""
+        assert self.x_master is not None
+        self.view.disableAutoRange(pg.ViewBox.XAxis)
+        self.x_master.view.enableAutoRange(pg.ViewBox.XAxis)
+
     def _update_reset_button(self) -> None:
         with contextlib.suppress(RuntimeError):  # the chart is being deleted
-            self.getPlotItem().autoBtn.setVisible(not all(self.view.autoRangeEnabled()))
+            fitted = self.x_auto() and bool(self.view.autoRangeEnabled()[1])
+            self.getPlotItem().autoBtn.setVisible(not fitted)
 
     def set_log_y(self, on: bool) -> None:
         """A logarithmic y axis (values <= 0 are left out), or back to linear; shows all."""
@@ -234,7 +275,7 @@ class Chart(pg.PlotWidget):
         fits all the data)."""
         view = self.view
         width = int(view.width()) or 1000  # not laid out yet: a wide window's worth
-        if view.autoRangeEnabled()[0]:
+        if self.x_auto():
             return width, None
         lo, hi = view.viewRange()[0]
         return width, (float(lo), float(hi))
@@ -247,15 +288,32 @@ class Chart(pg.PlotWidget):
         for name, (x, y) in self._data.items():
             self._show(self.curves[name], x, y)
 
+    def mark(self, x: float, label: str, color_hex: str, tooltip: str = "") -> pg.InfiniteLine:
+        """A dashed vertical line at ``x`` with ``label`` near its top and ``tooltip`` on it,
+        kept through redraws until :meth:`reset`. It takes no part in the auto-range (an
+        InfiniteLine would pull the y axis to 0)."""
+        line = pg.InfiniteLine(
+            pos=x, angle=90, pen=pg.mkPen(color_hex, width=1, style=Qt.PenStyle.DashLine),
+            label=label, labelOpts={"position": 0.92, "color": color_hex,
+                                    "anchors": [(0, 0.5), (0, 0.5)]})
+        line.setToolTip(tooltip)
+        self.addItem(line, ignoreBounds=True)
+        self.marks.append(line)
+        return line
+
     def reset(self) -> None:
-        """Remove every curve and forget any zoom: the next run's data is shown whole, and
-        until it arrives the axes show nothing of the last run's range."""
+        """Remove every curve and mark and forget any zoom: the next run's data is shown whole,
+        and until it arrives the axes show nothing of the last run's range."""
         self.clear()
+        self.marks.clear()
         self.curves.clear()
         self._data.clear()
         self.view.known.clear()
         self.view.setRange(xRange=(0.0, 1.0), yRange=(0.0, 1.0), padding=0.0)
         self.view.enableAutoRange()
+        if self.x_master is not None:  # x follows the master's, which fits the data
+            self.view.disableAutoRange(pg.ViewBox.XAxis)
+            self.x_master.view.enableAutoRange(pg.ViewBox.XAxis)
 
     def set_spread(self, name: str, x: np.ndarray, lo: np.ndarray, mid: np.ndarray,
                    hi: np.ndarray, color_hex: str) -> None:

@@ -118,3 +118,31 @@ def test_evaluation_time_is_said_in_the_progress_line_and_the_step_breakdown(qtb
     dash.redraw(budget_s=None)
     assert dash.progress_label.text().endswith("last eval (step 4) took 31 ms")
     assert dash.sync.caption.text().endswith("opt 1.0, eval 4.0")
+
+
+def test_a_small_window_stacks_the_panels_and_scrolls_instead_of_squeezing_them(qtbot) -> None:
+    """Issue 18 item 10: at 1000x700 the charts were 80 px tall. Now a panel keeps its
+    minimum height; a narrow dashboard stands the panels in one column, a wide one in two."""
+    from app.dashboard import PANEL_MIN_HEIGHT, TWO_COLUMNS_MIN_WIDTH
+
+    dash = _dashboard(qtbot)
+    dash.resize(TWO_COLUMNS_MIN_WIDTH - 200, 450)  # the dashboard beside the docks at 1000x700
+    qtbot.waitUntil(lambda: dash.columns == 1, timeout=2000)
+    qtbot.waitUntil(lambda: all(p.height() >= PANEL_MIN_HEIGHT for p in dash.panels),
+                    timeout=2000)
+    assert dash.scroll.verticalScrollBar().maximum() > 0  # the rest is a scroll away
+    assert dash.grid.getItemPosition(dash.grid.indexOf(dash.devices))[:2] == (3, 0)
+    dash.resize(TWO_COLUMNS_MIN_WIDTH + 300, 900)
+    qtbot.waitUntil(lambda: dash.columns == 2, timeout=2000)
+    assert dash.grid.getItemPosition(dash.grid.indexOf(dash.devices))[:2] == (1, 1)
+
+
+def test_every_step_chart_follows_the_loss_charts_x_axis(qtbot) -> None:
+    dash = _dashboard(qtbot)
+    for step in range(1, 40):
+        _report(dash.store, step * 10)
+    dash.redraw(budget_s=None)
+    dash.loss.chart.view.setXRange(100.0, 200.0, padding=0)  # a zoom on the loss chart
+    for chart in dash.charts[1:]:
+        assert chart.x_master is dash.loss.chart
+        assert chart.view.viewRange()[0] == [100.0, 200.0], chart

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QDialogButtonBox, QLabel
+from PySide6.QtWidgets import QDialogButtonBox, QLabel, QToolBar
 
 from app.dialogs import RemoteAttachDialog
 from app.main_window import MainWindow
@@ -441,3 +441,19 @@ def test_saves_open_in_the_runs_folder_and_say_where_they_went(
     assert save_folder(chart) == run.resolve()  # the run on screen
     tell(window.panel, f"preset saved to {tmp_path / 'p.toml'}")
     assert window.message_label.text() == f"preset saved to {tmp_path / 'p.toml'}"
+
+
+def test_the_launch_and_runs_panels_can_be_hidden_for_room_and_shown_again(
+        window: MainWindow) -> None:
+    """Issue 18 item 10: in a small window the charts get the room of the docks."""
+    toolbar = window.findChild(QToolBar, "run_toolbar")
+    toggles = {a.text(): a for a in toolbar.actions()}
+    for text, box in (("Launch panel", window.launch_dock), ("Runs panel", window.runs_dock)):
+        toggle = toggles[text]
+        assert toggle.isEnabled() and toggle.isChecked() and box.isVisible()
+        toggle.trigger()
+        assert not box.isVisible() and not toggle.isChecked()
+        toggle.trigger()
+        assert box.isVisible()
+    scroll = window.launch_dock.widget()
+    assert scroll.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff

@@ -54,8 +54,13 @@ def test_a_sweep_started_from_the_window_plots_every_count(qtbot, open_window,
                                                           tmp_path: Path) -> None:
     w = open_window(tmp_path / "runs")
     w.panel.runs_dir.setText(str(tmp_path / "runs"))
+    w.message_label.setText("an old message of the last run")
     w.scaling.counts.setText("1,2")
     w.scaling.steps.setValue(30)
+    followed: list[Path] = []
+    said: list[str] = []
+    w.scaling.current_run.connect(followed.append)
+    w.scaling.said.connect(said.append)
     group = w.start_sweep()
     assert group is not None and w.tabs.currentWidget() is w.scaling
     assert not w.scaling.start_button.isEnabled() and w.start_sweep() is None
@@ -63,6 +68,13 @@ def test_a_sweep_started_from_the_window_plots_every_count(qtbot, open_window,
     qtbot.waitUntil(lambda: w.scaling.poll_once(), timeout=240_000)
     data = read_group(group)
     assert data["state"] == "completed", data
+    # Issue 18 item 11: the dashboard followed each count as it trained, and the status bar
+    # spoke of the sweep, not of an old run.
+    assert followed == [group / "nproc-1", group / "nproc-2"], followed
+    assert w.viewing == group / "nproc-2"
+    assert w.tabs.currentWidget() is w.scaling  # the tab on screen stayed
+    assert any("training nproc-2" in text for text in said), said
+    assert "scaling sweep" in w.message_label.text() and "completed" in w.message_label.text()
     x, y = w.scaling.throughput.curves["measured"].getData()
     assert list(x) == [1, 2] and all(v > 0 for v in y)
     assert data["results"][0]["efficiency"] == pytest.approx(1.0)

@@ -191,3 +191,30 @@ def test_a_log_axis_draws_log10_and_leaves_out_what_is_not_positive(qtbot) -> No
     assert y[0] == 2.0 and y[1] == 1.0 and np.isnan(y[2]) and y[3] == 0.0
     chart.set_log_y(False)
     assert list(chart.curves["rank 0"].getData()[1]) == [100.0, 10.0, 0.0, 1.0]
+
+
+def test_linked_step_charts_zoom_together_and_either_reset_button_shows_all(qtbot) -> None:
+    """Issue 18 item 2: the step charts share their x axis. A zoom in one is a zoom in both;
+    the reset button of the follower fits the leader to all the data again (the follower's
+    own x auto-range would otherwise fight the leader's)."""
+    leader, follower = shown_chart(qtbot), shown_chart(qtbot)
+    follower.link_x(leader)
+    for chart in (leader, follower):
+        chart.set_data("rank 0", np.arange(0.0, 1000.0, 10.0), np.ones(100), "#1f77b4")
+    leader.settle()
+    follower.settle()
+    assert not follower.getPlotItem().autoBtn.isVisible()  # following is not a zoom
+    follower.view.setXRange(200.0, 400.0, padding=0)  # a zoom in the follower
+    assert leader.view.viewRange()[0] == [200.0, 400.0]
+    assert leader.getPlotItem().autoBtn.isVisible()
+    assert follower.getPlotItem().autoBtn.isVisible()
+    button = follower.getPlotItem().autoBtn
+    button.clicked.emit(button)
+    for chart in (leader, follower):
+        chart.set_data("rank 0", np.arange(0.0, 3000.0, 10.0), np.ones(300), "#1f77b4")
+    leader.settle()
+    follower.settle()
+    for chart in (leader, follower):
+        lo, hi = chart.view.viewRange()[0]
+        assert lo <= 0.0 and hi >= 2990.0, (lo, hi)  # all of it, the new data too
+        assert not chart.getPlotItem().autoBtn.isVisible()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 """The folder holding the ``ddp_engine`` package: put on the child's PYTHONPATH."""
 
 

@@ -1,4 +1,4 @@
-"""Cluster scripts for the launch form's config: each node's torchrun script, or a SLURM batch
+"""Cluster scripts for the launch form's config: each node's launch script, or a SLURM batch
 script (ddp_engine.common.cluster writes them; this dialog picks the nodes and the rendezvous)."""
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ddp_engine.common.child_env import REPO_ROOT
 from ddp_engine.common.cluster import DEFAULT_RDZV_PORT, node_script, slurm_script
 from ddp_engine.common.config import ConfigError, RunConfig
 
@@ -34,14 +33,13 @@ SLURM = "SLURM batch script (all nodes)"
 
 class ClusterDialog(QDialog):
     """Shows the script for one node (or SLURM) of ``cfg`` spread over the chosen nodes;
-    Copy and Save. The scripts put ``pythonpath`` (this checkout) on PYTHONPATH."""
+    Copy and Save. Each script runs Rankscope's launcher with ``$RANKSCOPE_PYTHON`` (default
+    python3), so Rankscope must be installed on every node."""
 
-    def __init__(self, cfg: RunConfig, parent: QWidget | None = None,
-                 pythonpath: str = str(REPO_ROOT)) -> None:
+    def __init__(self, cfg: RunConfig, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Cluster scripts")
         self.cfg = cfg
-        self.pythonpath = pythonpath
         self.nodes = QSpinBox()
         self.nodes.setRange(2, 4096)
         self.nodes.setValue(max(2, cfg.nnodes))
@@ -66,7 +64,9 @@ class ClusterDialog(QDialog):
         form.addRow("script", self.which)
         hint = QLabel("Every node runs the same config; each node's script names its node rank. "
                       "Rank 0, with the metrics, checkpoints and telemetry, is on node 0 (with "
-                      "SLURM: the allocation's first node).")
+                      "SLURM: the allocation's first node). Every node needs Rankscope installed "
+                      "(pip install): the scripts run it with $RANKSCOPE_PYTHON, default "
+                      "python3 (set it to a virtualenv's python if Rankscope is in one).")
         hint.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         self.copy_button = QPushButton("Copy")
@@ -116,8 +116,8 @@ class ClusterDialog(QDialog):
         """The script chosen, as the engine writes it."""
         cfg = self.config()
         if self.which.currentText() == SLURM:
-            return slurm_script(cfg, self.pythonpath, port=self.port.value())
-        return node_script(cfg, self.which.currentIndex(), self.pythonpath)
+            return slurm_script(cfg, port=self.port.value())
+        return node_script(cfg, self.which.currentIndex())
 
     def refresh(self) -> None:
         try:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psutil
 
-from ddp_engine.common.child_env import REPO_ROOT
 from ddp_engine.common.cli_flags import add_config_arguments, config_from_namespace
 from ddp_engine.common.cluster import DEFAULT_RDZV_PORT, node_script, slurm_script
 from ddp_engine.common.config import ConfigError, RunConfig
@@ -62,12 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     stop.add_argument("run_dir", metavar="RUN_DIR")
     stop.add_argument("--timeout", type=float, default=120.0, metavar="S",
                       help="seconds to wait for the run to end (default: 120)")
-    cluster = sub.add_parser("cluster", help="print the torchrun command for each node of a "
+    cluster = sub.add_parser("cluster", help="print the launch script for each node of a "
                              "multi-node run, or a SLURM batch script",
-                             description="Scripts that start this config on a cluster with "
-                             "plain torchrun: one per node (--nnodes N --rdzv-endpoint "
-                             "HOST:PORT), or an sbatch script (--slurm: the nodes and the "
-                             "endpoint come from the allocation). Takes every launch flag.")
+                             description="Scripts that start this config on a cluster, each "
+                             "node through `python -m ddp_engine launch` (run by "
+                             "$RANKSCOPE_PYTHON, default python3, which must have Rankscope "
+                             "installed): one per node (--nnodes N --rdzv-endpoint HOST:PORT), "
+                             "or an sbatch script (--slurm: the nodes and the endpoint come "
+                             "from the allocation). Takes every launch flag.")
     add_config_arguments(cluster)
     cluster.add_argument("--slurm", action="store_true", help="an sbatch script instead")
     cluster.add_argument("--slurm-port", type=int, default=DEFAULT_RDZV_PORT, metavar="PORT",
@@ -152,7 +153,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
 
 
 def cmd_cluster(ns: argparse.Namespace) -> int:
-    """Print each node's torchrun command (with the config it reads) or a SLURM script."""
+    """Print each node's launch script (with the config it reads) or a SLURM script."""
     # With --slurm the script finds the endpoint in the allocation (nnodes may come from the
     # config file, so the stand-in goes in wherever the endpoint is missing).
     cfg = _config(ns, {"rdzv_endpoint": f"slurm-first-node:{ns.slurm_port}"} if ns.slurm
@@ -160,7 +161,7 @@ def cmd_cluster(ns: argparse.Namespace) -> int:
     if cfg is None:
         return 2
     if ns.slurm:
-        print(slurm_script(cfg, str(REPO_ROOT), port=ns.slurm_port), end="")
+        print(slurm_script(cfg, port=ns.slurm_port), end="")
         return 0
     if not cfg.multi_node:
         print("error: nnodes: give --nnodes N (2 or more) and --rdzv-endpoint HOST:PORT for "
@@ -168,7 +169,7 @@ def cmd_cluster(ns: argparse.Namespace) -> int:
         return 2
     for k in range(cfg.nnodes):
         print(f"# ---- node {k}: save as node-{k}.sh and run it there", flush=False)
-        print(node_script(cfg, k, str(REPO_ROOT)))
+        print(node_script(cfg, k))
     return 0
 
 

@@ -15,7 +15,7 @@ CFG = RunConfig(model="mlp", dataset="synthetic", device="cpu", nproc=2, max_ste
 
 
 def _dialog(qtbot) -> ClusterDialog:
-    dialog = ClusterDialog(CFG, pythonpath="/opt/rankscope")
+    dialog = ClusterDialog(CFG)
     qtbot.addWidget(dialog)
     return dialog
 
@@ -30,11 +30,11 @@ def test_each_node_and_slurm_get_the_engines_script(qtbot) -> None:
     spread = RunConfig(**{**CFG.to_dict(), "nnodes": 3, "rdzv_endpoint": "10.0.0.5:29500"})
     dialog.which.setCurrentIndex(2)
     shown = dialog.text.toPlainText()
-    assert shown == node_script(spread, 2, "/opt/rankscope")
-    assert "RANKSCOPE_NODE_RANK=2" in shown and "--rdzv-endpoint 10.0.0.5:29500" in shown
+    assert shown == node_script(spread, 2)
+    assert "--node-rank 2 --rdzv-endpoint 10.0.0.5:29500" in shown
     assert dialog.default_file_name() == "mlp-synthetic-node-2.sh"
     dialog.which.setCurrentText(SLURM)
-    assert dialog.text.toPlainText() == slurm_script(spread, "/opt/rankscope", port=29500)
+    assert dialog.text.toPlainText() == slurm_script(spread, port=29500)
     assert "#SBATCH --nodes=3" in dialog.text.toPlainText()
     dialog.nodes.setValue(2)  # fewer nodes: SLURM stays chosen
     assert dialog.which.currentText() == SLURM and dialog.which.count() == 3

@@ -70,14 +70,14 @@ def test_cluster_prints_each_nodes_script_or_a_slurm_script(tmp_path: Path) -> N
     assert nodes.returncode == 0, nodes.stderr
     assert nodes.stdout.count("#!/bin/bash") == 2
     for k in (0, 1):
-        assert f"RANKSCOPE_NODE_RANK={k} CUDA_VISIBLE_DEVICES=\"\" torchrun --nnodes 2 " \
-            "--rdzv-backend c10d --rdzv-endpoint node0:29400" in nodes.stdout
-    assert '"max_steps": 50' in nodes.stdout
+        assert '-m ddp_engine launch --config rankscope-config.json --nnodes 2 --node-rank ' \
+            f"{k} --rdzv-endpoint node0:29400" in nodes.stdout
+    assert '"max_steps": 50' in nodes.stdout and '"nnodes"' not in nodes.stdout
     slurm = run_engine("cluster", "--slurm", "--nnodes", "4", "--nproc", "8", "--device",
                        "cuda", timeout=60)  # no GPU here: the script is for the cluster
     assert slurm.returncode == 0, slurm.stderr
     assert "#SBATCH --nodes=4" in slurm.stdout and "#SBATCH --gpus-per-node=8" in slurm.stdout
-    assert "--rdzv-endpoint $head:29400" in slurm.stdout
+    assert '--rdzv-endpoint "$head:29400"' in slurm.stdout
     cfg = tmp_path / "big.toml"
     cfg.write_text("nnodes = 3\nnproc = 4\n")  # the node count from a config file
     from_file = run_engine("cluster", "--slurm", "--config", str(cfg), timeout=60)

@@ -214,6 +214,10 @@ class MetricStore:
         self.spreads: dict[tuple[str, str], Series] = {}  # (field, stat): above SPREAD_ABOVE
         self.info = RunInfo()
         self.events: list[dict[str, Any]] = []
+        self.loss_spikes: list[dict[str, Any]] = []
+        """The "warning" events of cause "loss_spike" (the loss chart marks each one's step)."""
+        self.last_warning: dict[str, Any] | None = None  # the latest "warning" event
+        self.warnings = 0  # how many came
         self.version = 0  # bumped on every change: charts redraw only when it moved
 
     def load_run(self, run_dir: str | os.PathLike[str]) -> None:
@@ -352,8 +356,23 @@ class MetricStore:
             self.info.last_eval = e
         elif kind in ("stopping", "stopped", "completed", "failed"):
             self.info.state = kind
+        elif kind == "warning":
+            self.last_warning = e
+            self.warnings += 1
+            if e.get("cause") == "loss_spike" and isinstance(e.get("step"), int | float):
+                self.loss_spikes.append(e)
 
     # ------------------------------------------------------------------------- derived
+    def warning_text(self) -> str | None:
+        """The latest warning of the run (a loss spike, a non-finite loss, ...), in words, and
+        how many came before it; None when there was none."""
+        if self.last_warning is None:
+            return None
+        earlier = self.warnings - 1
+        return (f"warning: {self.last_warning.get('message') or 'no message'}"
+                + (f" ({earlier} earlier warning{'s' if earlier > 1 else ''})" if earlier
+                   else ""))
+
     def eta_s(self) -> float | None:
         """Seconds left at the recent pace (None until two reports arrived)."""
         info = self.info

@@ -79,8 +79,12 @@ class Smoother:
         return self._out[:len(y)]
 
 
+SPIKE_COLOR = "#b35900"  # the dashboard's alert colour
+
+
 class LossPanel(QWidget):
-    """Loss per rank (toggles, smoothing) and validation loss."""
+    """Loss per rank (toggles, smoothing), validation loss, and a mark at each loss spike the
+    engine warned of."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -141,6 +145,9 @@ class LossPanel(QWidget):
         if len(store.val_loss):
             self.chart.set_data("validation", store.val_loss.x, store.val_loss.y, "#000000",
                                 dashed=True)
+        for spike in store.loss_spikes[len(self.chart.marks):]:  # the new ones
+            self.chart.mark(float(spike["step"]), "loss spike", SPIKE_COLOR,
+                            str(spike.get("message") or ""))
 
     def clear(self) -> None:
         self.chart.reset()

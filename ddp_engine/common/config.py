@@ -103,6 +103,20 @@ class RunConfig:
                              "good checkpoint) or warn (a warning event, training goes on)",
                              "stop")
     """What a non-finite loss does; checked on reporting steps (every log_every)."""
+    loss_spike_mads: float = _f("warn when the loss (mean over ranks) is above its median of "
+                                "the last 50 reports by more than X median absolute "
+                                "deviations for --loss-spike-reports reports in a row "
+                                "(0: no such warning)", 6.0)
+    """Rank 0's loss-spike warning: a report is far above the recent loss when its mean loss
+    over ranks exceeds ``median + loss_spike_mads * spread`` of the reports before it (the last
+    50, once there are 10), where spread is the scaled median absolute deviation (1.4826 MAD,
+    the standard deviation of normal noise) but at least 5% of the median, so that a flat loss
+    does not warn on tiny noise. ``0`` turns the warning off. See
+    ``ddp_engine/rank/loss_watch.py``."""
+    loss_spike_reports: int = _f("reports in a row that must be far above the recent loss "
+                                 "before the loss-spike warning", 3)
+    """Consecutive reports above the threshold that make one ``warning`` event (cause
+    ``loss_spike``); the next one comes only after as many reports back under it."""
     find_unused_parameters: bool = _f("DDP find_unused_parameters", False)
     """Passed to DistributedDataParallel."""
     num_workers: int = _f("DataLoader worker processes per rank", 0)
@@ -241,6 +255,7 @@ class RunConfig:
         check_at_least("eval_every", self.eval_every, 0)
         check_at_least("log_every", self.log_every, 1)
         check_at_least("stop_check_every", self.stop_check_every, 1)
+        check_at_least("loss_spike_reports", self.loss_spike_reports, 1)
         check_at_least("num_workers", self.num_workers, 0)
         check_at_least("shutdown_timeout_s", self.shutdown_timeout_s, 1)
         check_at_least("monitor_buffer_bytes", self.monitor_buffer_bytes, 1024)
@@ -268,7 +283,7 @@ class RunConfig:
         check_positive("dist_timeout_s", self.dist_timeout_s)
         if self.grad_clip is not None:
             check_positive("grad_clip", self.grad_clip)
-        for name in ("momentum", "weight_decay"):
+        for name in ("momentum", "weight_decay", "loss_spike_mads"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value}")

@@ -212,6 +212,8 @@ class RunMonitor(threading.Thread):
             self.status.update(checkpoint=paths[0] if paths else None,
                                checkpoint_step=msg.get("step"))
             self._print(f"checkpoint saved at step {msg.get('step')}: {', '.join(paths)}")
+        elif kind == "warning":  # a loss spike, a non-finite loss, a dropped viewer
+            self._print(f"warning: {msg.get('message')}")
         elif kind == "stopping":
             self.stop_reason = msg.get("reason")
             self.status.update(state="stopping", step=msg.get("step"))

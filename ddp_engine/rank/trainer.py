@@ -25,6 +25,7 @@ from ddp_engine.rank.data import DataBundle, build_datasets, make_loader
 from ddp_engine.rank.device_sampler import DeviceSampler
 from ddp_engine.rank.distributed import DistContext, Round, StopFlag, rank_places
 from ddp_engine.rank.evaluation import validation_metrics
+from ddp_engine.rank.loss_watch import LossWatch
 from ddp_engine.rank.losses import build_loss
 from ddp_engine.rank.models import build_model
 from ddp_engine.rank.reports import (
@@ -72,6 +73,9 @@ class Trainer:
         self.run_dir = run_dir
         self.stop = stop
         self.telemetry = telemetry  # rank 0 only
+        # Rank 0 alone judges the loss, from the reports it publishes (cfg.loss_spike_mads).
+        self.loss_watch = (LossWatch(cfg.loss_spike_mads, cfg.loss_spike_reports)
+                           if telemetry is not None else None)
         self.pos = Position()
         self._last_eval_step = -1
         self._last_checkpoint_step: int | None = None
@@ -339,9 +343,10 @@ class Trainer:
         return [math.nan if values[k] is None else float(values[k] or 0.0) for k in REPORT_FIELDS]
 
     def _publish(self, rounds: list[Round]) -> bool:
-        """Act on the reports the agreed-stop rounds brought: rank 0 publishes them; every rank
-        checks the losses (the same rows everywhere, so every rank decides alike, without
-        another collective). Returns True to stop for a non-finite loss."""
+        """Act on the reports the agreed-stop rounds brought: rank 0 publishes them and watches
+        the loss for spikes; every rank checks the losses for NaN (the same rows everywhere, so
+        every rank decides alike, without another collective). Returns True to stop for a
+        non-finite loss."""
         stop = False
         for done in rounds:
             if not done.reported:
@@ -353,6 +358,7 @@ class Trainer:
             epoch = self._report_epochs.pop(done.step, self.pos.epoch)
             if self.telemetry is not None:
                 self._publish_metrics(done, rows, epoch)
+                self._watch_loss(done.step, [got[loss_at] for got in rows])
             if bad and not stop:
                 stop = self._nonfinite(bad, done.step)
         return stop
@@ -364,6 +370,14 @@ class Trainer:
         self.telemetry.publish({"type": "metrics", "time": done.time, "step": done.step,
                                 "epoch": epoch,
                                 "total_steps": self.total_steps, "ranks": ranks})
+
+    def _watch_loss(self, step: int, losses: list[float]) -> None:
+        """Rank 0: warn when the loss of the report at ``step`` completes a spike."""
+        assert self.loss_watch is not None
+        spike = self.loss_watch.add(step, losses)
+        if spike is not None:
+            log.warning("%s", spike.message)
+            self._emit_event("warning", **spike.event_fields())
 
     def _emit_event(self, kind: str, **fields: Any) -> None:
         if self.telemetry is not None:

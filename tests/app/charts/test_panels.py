@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,46 @@ def test_the_loss_panel_has_a_log_scale_toggle(qtbot) -> None:
     assert panel.chart.log_y and panel.chart.getAxis("left").logMode
     panel.log.setChecked(False)
     assert not panel.chart.log_y
+
+
+def test_a_loss_spike_warning_marks_its_step_on_the_loss_chart_and_says_it(qtbot) -> None:
+    from app.dashboard import Dashboard
+    from app.metric_store import MetricStore
+
+    store = MetricStore()
+    dash = Dashboard(store)
+    dash.timer.stop()  # frames are drawn here
+    qtbot.addWidget(dash)
+    t0 = time.time() - 10  # reports of a live run: no "looks hung" alert
+    for step in range(10, 90, 10):
+        store.add({"type": "metrics", "time": t0 + step / 10, "step": step,
+                   "ranks": rank_rows(2, step)})
+    message = ("loss 12 at step 80 is far above its recent median 1.6 (threshold 2.1, 3 "
+               "reports in a row): the run may be diverging")
+    store.add({"type": "event", "time": t0 + 8, "kind": "warning", "step": 80, "message": message,
+               "cause": "loss_spike", "loss": 12.0, "losses": [12.0, 12.0], "median": 1.6,
+               "threshold": 2.1, "reports": 3, "since_step": 60})
+    dash.redraw(budget_s=None)
+    chart = dash.loss.chart
+    assert [m.value() for m in chart.marks] == [80]
+    mark = chart.marks[0]
+    assert mark in chart.getPlotItem().items and mark.toolTip() == message
+    assert mark.label.format == "loss spike"
+    assert dash.alert.text() == f"warning: {message}"
+
+    store.add({"type": "metrics", "time": t0 + 9, "step": 90, "ranks": rank_rows(2, 90)})
+    store.add({"type": "event", "time": t0 + 9, "kind": "warning", "step": 90,
+               "message": "non-finite loss at step 90", "cause": "nonfinite_loss"})
+    dash.redraw(budget_s=None)
+    dash._alerts()
+    assert chart.marks == [mark] and mark in chart.getPlotItem().items  # kept, none added
+    assert dash.alert.text() == "warning: non-finite loss at step 90 (1 earlier warning)"
+
+    dash.reset()  # another run opened: its own marks only
+    assert chart.marks == [] and mark not in chart.getPlotItem().items
+    assert dash.alert.text() == ""
+    store.add_many([{"type": "metrics", "time": 1.0, "step": 5, "ranks": rank_rows(2, 5)},
+                    {"type": "event", "time": 1.0, "kind": "warning", "step": 5,
+                     "message": "m", "cause": "loss_spike"}])
+    dash.redraw(budget_s=None)
+    assert [m.value() for m in chart.marks] == [5]

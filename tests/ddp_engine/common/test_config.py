@@ -57,6 +57,10 @@ from ddp_engine.common.machine_checks import check_environment
     ({"rdzv_endpoint": ":29400"}, r"rdzv_endpoint must be HOST:PORT .*got ':29400'"),
     ({"rdzv_id": "my run"}, r"rdzv_id: 'my run' is not allowed"),
     ({"local_addr": "node 0"}, r"local_addr must be a host name or IP address, got 'node 0'"),
+    ({"loss_spike_mads": -1}, r"loss_spike_mads must be a finite number >= 0, got -1.0"),
+    ({"loss_spike_mads": float("inf")}, r"loss_spike_mads must be a finite number >= 0, got inf"),
+    ({"loss_spike_mads": "high"}, r"loss_spike_mads must be a number, got 'high'"),
+    ({"loss_spike_reports": 0}, r"loss_spike_reports must be >= 1, got 0"),
 ])
 def test_bad_values_name_field_value_and_what_is_allowed(changes: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -147,7 +151,7 @@ def test_every_field_has_a_flag_and_to_argv_round_trips() -> None:
     assert {f.name for f in dataclasses.fields(RunConfig)} <= flags
     cfg = RunConfig(model="mlp", model_args={"hidden": 16}, nproc=3, max_steps=7, lr=0.5,
                     find_unused_parameters=True, dataset_args={"num_samples": 100},
-                    resume="x.pt", run_dir="/tmp/x")
+                    resume="x.pt", run_dir="/tmp/x", loss_spike_mads=0.0, loss_spike_reports=5)
     assert _parse(cfg.to_argv()) == cfg
 
 

@@ -42,3 +42,12 @@ def nan_on_rank1_from_step_25(output, target):
     if os.environ.get("RANK") == "1" and _calls >= 25:
         return loss * float("nan")
     return loss
+
+
+def spike_from_step_51(output, target):
+    """Every rank's loss is 10 times itself from its 51st micro-step on (a run that blows up;
+    the gradients too, which AdamW's normalized steps shrug off, so the run trains on)."""
+    global _calls
+    _calls += 1
+    loss = F.cross_entropy(output, target)
+    return loss * 10 if _calls >= 51 else loss

@@ -141,7 +141,8 @@ class RunsPanel(QWidget):
         row.addWidget(self.folder, 1)
         for key, text, tip in (
                 ("open", "Open", "show the run's charts; a live run is attached, so Stop works"),
-                ("compare", "Compare", "overlay the loss and throughput of the selected runs"),
+                ("compare", "Compare", "overlay the loss, validation loss and throughput of "
+                 "the selected runs; their settings side by side, differences highlighted"),
                 ("resume", "Resume...", "relaunch from the last checkpoint as a new run"),
                 ("csv", "Export CSV...", "the run's metrics as CSV"),
                 ("tensorboard", "Export TensorBoard", "event files in RUN/tensorboard"),

@@ -82,3 +82,27 @@ def test_a_sweep_started_from_the_window_plots_every_count(qtbot, open_window,
     qtbot.waitUntil(lambda: w.runs.item(group / "nproc-2") is not None, timeout=10_000)
     assert w.runs.item(group).childCount() == 2
     assert not processes_mentioning(str(group))
+
+
+@pytest.mark.slow
+def test_stop_while_the_dashboard_follows_a_sweep_stops_the_sweep(qtbot, open_window,
+                                                                  tmp_path: Path) -> None:
+    """Shift+F5 on a sweep's count, followed by the dashboard: the whole sweep stops (its
+    count at an agreed step, no further count), not that count alone."""
+    w = open_window(tmp_path / "runs")
+    w.panel.runs_dir.setText(str(tmp_path / "runs"))
+    w.scaling.counts.setText("1,2")
+    w.scaling.steps.setValue(1_000_000)
+    group = w.start_sweep()
+    assert group is not None
+    qtbot.waitUntil(lambda: w.controller.active and w.viewing == group / "nproc-1",
+                    timeout=120_000)
+    assert w.stop_action.isEnabled()
+    w.stop_run()
+    qtbot.waitUntil(lambda: w.scaling.poll_once(), timeout=120_000)
+    data = read_group(group)
+    assert data["state"] == "stopped", data
+    assert not (group / "nproc-2").exists()
+    # the window watched that count: it saw it end (nothing left to ask about at closing)
+    qtbot.waitUntil(lambda: not w.controller.active, timeout=60_000)
+    assert not processes_mentioning(str(group))

@@ -290,8 +290,7 @@ class Chart(pg.PlotWidget):
 
     def mark(self, x: float, label: str, color_hex: str, tooltip: str = "") -> pg.InfiniteLine:
         """A dashed vertical line at ``x`` with ``label`` near its top and ``tooltip`` on it,
-        kept through redraws until :meth:`reset`. It takes no part in the auto-range (an
-        InfiniteLine would pull the y axis to 0)."""
+        kept through redraws until :meth:`reset`. It takes no part in the auto-range."""
         line = pg.InfiniteLine(
             pos=x, angle=90, pen=pg.mkPen(color_hex, width=1, style=Qt.PenStyle.DashLine),
             label=label, labelOpts={"position": 0.92, "color": color_hex,

@@ -74,7 +74,8 @@ SCREENSHOT_DEBS = xvfb xdotool x11-utils imagemagick libxcb-cursor0 libxkbcommon
 screenshot: install
 	@command -v Xvfb >/dev/null && command -v xdotool >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SCREENSHOT_DEBS))
-	docs/make_screenshot.sh docs/screenshot.png
+	docs/make_screenshot.sh docs/screenshot.png 1600 1000
+	docs/make_screenshot.sh docs/screenshot-1000x700.png 1000 700
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

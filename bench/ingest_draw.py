@@ -184,10 +184,21 @@ def pyqtgraph_curves(window: Any) -> None:
         chart._show = lambda item, x, y: item.setData(x, y, connect="finite")
 
 
+def unlinked_x(window: Any) -> None:
+    """Every step chart fits its own x axis, as before the charts shared the loss chart's."""
+    import pyqtgraph as pg
+
+    for chart in window.dashboard.charts[1:]:
+        chart.setXLink(None)
+        chart.x_master = None
+        chart.view.enableAutoRange(pg.ViewBox.XAxis)
+
+
 VARIANTS = {"app": lambda _window: None, "translucent-grid": translucent_grid,
             "moving-axes": moving_axes, "every-chart": every_chart,
             "pyqtgraph-curves": pyqtgraph_curves, "no-catch-up": no_catch_up,
-            "labels-every-frame": labels_every_frame, "full-tables": full_tables}
+            "labels-every-frame": labels_every_frame, "full-tables": full_tables,
+            "unlinked-x": unlinked_x}
 
 
 def measure(ranks: int, rate: float, seconds: float, variant: str = "app") -> dict[str, Any]:
@@ -392,7 +403,8 @@ def main() -> None:
                         "(every point to pyqtgraph's PlotDataItem, as before thinning), "
                         "no-catch-up (charts left behind wait for the next tick), "
                         "labels-every-frame (progress line and captions in every frame), "
-                        "full-tables (the store's tables at full size from the start)")
+                        "full-tables (the store's tables at full size from the start), "
+                        "unlinked-x (each step chart fits its own x axis)")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     parser.add_argument("--png", metavar="FILE", help="also plot them here")
     parser.add_argument("--one", nargs=4, metavar=("RANKS", "RATE", "SECONDS", "VARIANT"),

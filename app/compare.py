@@ -158,6 +158,7 @@ class CompareView(QWidget):
         for chart in (self.loss, self.throughput):
             # The caption under the charts names the runs by colour: legends of long run
             # names would cover the curves of a small window.
+            chart.legend_wanted = False
             chart.legend.setVisible(False)
         self.validation_caption = QLabel("")
         self.validation_caption.setObjectName("compare_validation")

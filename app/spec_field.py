@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLineEdit, QPushButton, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 CUSTOM = "Custom..."
 
@@ -24,11 +32,16 @@ class SpecField(QWidget):
         self.path.setObjectName(f"{name}_path")
         self.browse = QPushButton("...")
         self.browse.setFixedWidth(30)
-        layout = QHBoxLayout(self)
+        # The path on a line of its own under the combo: the field's whole width for it, in a
+        # narrow form too (beside the combo it was a few characters wide).
+        layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.combo, 1)
-        layout.addWidget(self.path, 2)
-        layout.addWidget(self.browse)
+        layout.setSpacing(2)
+        layout.addWidget(self.combo)
+        row = QHBoxLayout()
+        row.addWidget(self.path, 1)
+        row.addWidget(self.browse)
+        layout.addLayout(row)
         self.combo.currentTextChanged.connect(self._update)
         self.path.textChanged.connect(lambda _t: self.changed.emit())
         self.browse.clicked.connect(self._pick)

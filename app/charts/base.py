@@ -172,6 +172,10 @@ class Chart(pg.PlotWidget):
         # A translucent white box: the legend's text stays legible over curves and grid.
         self.legend = self.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 150),
                                      pen=pg.mkPen("#d0d0d0"))
+        self.legend_wanted = True
+        """Show the legend once the chart has a curve (False: never, e.g. Compare's, whose
+        caption names the runs)."""
+        self.legend.setVisible(False)  # an empty box until the first curve
         self.curves: dict[str, pg.PlotCurveItem | pg.PlotDataItem] = {}
         self._data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # as given, before thinning
         self.marks: list[pg.InfiniteLine] = []  # vertical lines at events, until reset()
@@ -206,6 +210,7 @@ class Chart(pg.PlotWidget):
                                        symbolBrush=color_hex)
             self.addItem(item)
             self.curves[name] = item
+            self.legend.setVisible(self.legend_wanted)
         return self.curves[name]
 
     def set_data(self, name: str, x: np.ndarray, y: np.ndarray, color_hex: str,
@@ -308,6 +313,7 @@ class Chart(pg.PlotWidget):
         self.curves.clear()
         self._data.clear()
         self.view.known.clear()
+        self.legend.setVisible(False)  # until the next run's first curve
         self.view.setRange(xRange=(0.0, 1.0), yRange=(0.0, 1.0), padding=0.0)
         self.view.enableAutoRange()
         if self.x_master is not None:  # x follows the master's, which fits the data

@@ -218,3 +218,15 @@ def test_linked_step_charts_zoom_together_and_either_reset_button_shows_all(qtbo
         lo, hi = chart.view.viewRange()[0]
         assert lo <= 0.0 and hi >= 2990.0, (lo, hi)  # all of it, the new data too
         assert not chart.getPlotItem().autoBtn.isVisible()
+
+
+def test_an_empty_chart_shows_no_empty_legend_box(qtbot) -> None:
+    chart = shown_chart(qtbot)
+    assert not chart.legend.isVisible()  # a fresh window: no empty boxes on its charts
+    chart.set_data("rank 0", np.arange(10.0), np.ones(10), "#1f77b4")
+    assert chart.legend.isVisible()
+    chart.reset()
+    assert not chart.legend.isVisible()
+    chart.legend_wanted = False  # Compare names its runs in a caption instead
+    chart.set_data("rank 0", np.arange(10.0), np.ones(10), "#1f77b4")
+    assert not chart.legend.isVisible()

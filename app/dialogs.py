@@ -135,6 +135,16 @@ def dock(window: QMainWindow, title: str, widget: QWidget,
     return box
 
 
+def dock_toggle(box: QDockWidget, text: str, keys: str) -> QAction:
+    """The action that shows and hides ``box`` (checked while shown), named ``text``."""
+    toggle = box.toggleViewAction()
+    toggle.setText(text)
+    toggle.setShortcut(keys)
+    toggle.setToolTip(f"show or hide the {text.lower()} ({keys}): more room for the charts in "
+                      "a small window")
+    return toggle
+
+
 def action(parent: QWidget, text: str, shortcut: str | None,
            slot: Callable[[], object]) -> QAction:
     """A QAction with its shortcut, triggering ``slot``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,14 @@ from PySide6.QtWidgets import (
 )
 
 from app.desktop import app_icon
-from app.dialogs import RemoteAttachDialog, action, ask_about_active_run, dock, warn
+from app.dialogs import (
+    RemoteAttachDialog,
+    action,
+    ask_about_active_run,
+    dock,
+    dock_toggle,
+    warn,
+)
 from app.launch_panel import LaunchPanel
 from app.logs_view import LogsView
 from app.metric_store import MetricStore
@@ -39,6 +47,7 @@ from app.run_model import (
     save_form,
 )
 from app.runs_panel import RunsPanel
+from app.sweep_watch import SweepWatch
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.gpus import GpuInfo
 from ddp_engine.common.protocol import check_address
@@ -77,6 +86,7 @@ class MainWindow(QMainWindow):
         self._dashboard: Dashboard | None = None
         self._compare: CompareView | None = None
         self._scaling: ScalingView | None = None
+        self.sweeps = SweepWatch(self)
         self.logs = LogsView()
         self.tabs = QTabWidget()
         self.tabs.addTab(QLabel("loading the charts..."), "Dashboard")
@@ -117,14 +127,8 @@ class MainWindow(QMainWindow):
         toolbar.addSeparator()
         toolbar.addAction(self.attach_action)
         toolbar.addSeparator()
-        for box, text, keys in ((self.launch_dock, "Launch panel", "Ctrl+1"),
-                                (runs_dock, "Runs panel", "Ctrl+2")):
-            toggle = box.toggleViewAction()
-            toggle.setText(text)
-            toggle.setShortcut(keys)
-            toggle.setToolTip(f"show or hide the {text.lower()} ({keys}): more room for the "
-                              "charts in a small window")
-            toolbar.addAction(toggle)
+        toolbar.addActions([dock_toggle(self.launch_dock, "Launch panel", "Ctrl+1"),
+                            dock_toggle(runs_dock, "Runs panel", "Ctrl+2")])
         self.addToolBar(toolbar)
         self.state_label = QLabel("idle")
         self.state_label.setObjectName("state")
@@ -202,8 +206,8 @@ class MainWindow(QMainWindow):
             self._scaling = ScalingView()
             self._scaling.start_button.clicked.connect(self.start_sweep)
             self._scaling.started.connect(lambda _g: self.runs.refresh())
-            self._scaling.said.connect(self._sweep_said)
-            self._scaling.current_run.connect(self._follow_sweep)
+            self._scaling.said.connect(self.sweeps.said)
+            self._scaling.current_run.connect(self.sweeps.follow)
             self._replace_tab(2, self._scaling, "Scaling")
         return self._scaling
 
@@ -213,48 +217,12 @@ class MainWindow(QMainWindow):
 
     def start_sweep(self) -> Path | None:
         """Run the launch form's config on 1, 2, ... N devices (Scaling tab)."""
-        if self.controller.active:
-            self.scaling.label.setText("not started: a run is training; a sweep beside it "
-                                       "would measure nothing useful. Stop it first.")
-            return None
-        try:
-            cfg = self.panel.config()
-            group = self.scaling.start(cfg, gpu_count=len(self.panel.devices.gpus),
-                                       cpu_count=self.panel.devices.cpus)
-        except ConfigError as e:
-            self.scaling.label.setText(f"not started: {e}")
-            return None
-        self.runs.set_runs_dir(group.parent)
-        self.tabs.setCurrentWidget(self.scaling)
-        return group
-
-    def _sweep_said(self, text: str) -> None:
-        """A sweep training (or just ended) says where it is in the status bar, not an old
-        message of the last run."""
-        if self.controller.active and self.controller.run_dir is not None \
-                and self.controller.run_dir.parent != self.scaling.group_dir:
-            return  # the status bar speaks of the run watched here, not of the sweep
-        self.message_label.setText(text)
-
-    def _follow_sweep(self, run_dir: Path) -> None:
-        """The dashboard shows the count that is training now (the tab on screen stays)."""
-        watching = self.controller.run_dir if self.controller.active else None
-        if watching is not None and watching.parent != self.scaling.group_dir:
-            return  # a run of the user's own is watched: leave it on screen
-        tab = self.tabs.currentWidget()
-        self.open_run(run_dir)
-        self.tabs.setCurrentWidget(tab)
-
-    def _watching_sweep(self) -> bool:
-        """The run watched is a count of the sweep training now."""
-        run = self.controller.run_dir if self.controller.active else None
-        return (self._scaling is not None and self._scaling.live and run is not None
-                and run.parent == self._scaling.group_dir)
+        return self.sweeps.start()
 
     def stop_run(self) -> None:
         """Stop (Shift+F5): the run watched; when that is a count of a sweep, the sweep (its
         count stops at an agreed step and no further count starts)."""
-        if self._watching_sweep():
+        if self.sweeps.watching_sweep():
             self.scaling.stop()
             self.stop_action.setEnabled(False)
             self.message_label.setText("stopping the scaling sweep...")
@@ -285,7 +253,7 @@ class MainWindow(QMainWindow):
         except ConfigError as e:
             self.message_label.setText(f"not started: {e}")
             return None
-        self._save_form(cfg)
+        save_form(self.settings, cfg)
         self.panel.resume.clear()  # a resume is for this one start, not the next
         self.dashboard.reset()
         run_dir = self.controller.start(cfg)
@@ -452,9 +420,6 @@ class MainWindow(QMainWindow):
         self._update_actions()
 
     # ------------------------------------------------------------------------------ settings
-    def _save_form(self, cfg: RunConfig) -> None:
-        save_form(self.settings, cfg)
-
     def _restore_form(self) -> None:
         cfg = restored_form(self.settings)
         if cfg is not None:
@@ -463,10 +428,8 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------------------ closing
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt's name)
         if not self.controller.active:
-            try:
-                self._save_form(self.panel.config())
-            except ConfigError:
-                pass
+            with contextlib.suppress(ConfigError):  # a form that is not valid is not kept
+                save_form(self.settings, self.panel.config())
             self.runs.stop_watching()
             event.accept()
             return

@@ -133,3 +133,16 @@ def test_a_run_whose_loss_jumps_warns_once_and_trains_on(tmp_path: Path) -> None
     assert warning["losses"] == [r["loss"] for r in report["ranks"]]
     assert warning["median"] < warning["threshold"] < warning["loss"]
     assert f"[rankscope] warning: {warning['message']}" in done.stdout
+
+
+@pytest.mark.slow
+def test_an_ordinary_run_reported_every_step_gives_no_warning(tmp_path: Path) -> None:
+    """The defaults on a run that does not blow up: 2 ranks, 200 steps, a report every step
+    (200 judged reports of a noisy, falling loss), no loss_spike warning."""
+    run_dir = tmp_path / "run"
+    done = run_engine("launch", "--nproc", "2", "--max-steps", "200", "--log-every", "1",
+                      "--run-dir", str(run_dir))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = list(iter_metrics(run_dir))
+    assert sum(m["type"] == "metrics" for m in lines) == 200
+    assert not [m for m in lines if m.get("kind") == "warning"]

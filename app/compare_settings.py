@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.run_model import plural
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.runs import fmt_number
 
@@ -123,6 +124,5 @@ def validation_note(name: str, steps: Sequence[float], losses: Sequence[float]) 
     names the runs by their colours."""
     if not len(steps):
         return f"{name}: no evaluations, so no validation loss"
-    count = "1 evaluation" if len(steps) == 1 else f"{len(steps)} evaluations"
     return (f"{name}: validation loss {fmt_number(losses[-1])} at step {int(steps[-1])} "
-            f"(best {fmt_number(min(losses))}, {count})")
+            f"(best {fmt_number(min(losses))}, {plural(len(steps), 'evaluation')})")

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from app.run_model import plural
 from ddp_engine.common.heartbeat import ReportClock
 from ddp_engine.common.run_dir import FINAL_STATES, iter_metrics, read_status
 
@@ -370,8 +371,7 @@ class MetricStore:
             return None
         earlier = self.warnings - 1
         return (f"warning: {self.last_warning.get('message') or 'no message'}"
-                + (f" ({earlier} earlier warning{'s' if earlier > 1 else ''})" if earlier
-                   else ""))
+                + (f" ({plural(earlier, 'earlier warning')})" if earlier else ""))
 
     def eta_s(self) -> float | None:
         """Seconds left at the recent pace (None until two reports arrived)."""

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_engine.common.config import RunConfig
+from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
 
 
@@ -77,6 +77,12 @@ def config_from_namespace(ns: argparse.Namespace,
             merged = dict(data.get(key) or {})
             merged.update(dict(given[key]))
             given[key] = merged
+    script = given.get("script", data.get("script"))
+    typed = [k for k in ("model", "dataset", "loss", "model_args", "dataset_args") if k in given]
+    if script and typed:
+        raise ConfigError(f"script: {script!r} was given together with --"
+                          f"{typed[0].replace('_args', '-arg').replace('_', '-')}; a script run "
+                          "trains what the script builds: drop one of them")
     data.update(given)
     for key, value in (fill or {}).items():
         data.setdefault(key, value)

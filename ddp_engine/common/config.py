@@ -26,9 +26,11 @@ from typing import Any
 from ddp_engine.common.config_files import toml_text
 from ddp_engine.common.config_values import (
     BUILTIN_DATASETS,
+    BUILTIN_LOOP_ONLY,
     BUILTIN_LOSSES,
     BUILTIN_MODELS,
     DEVICES,
+    LR_SCHEDULES,
     NAME_RE,
     NONFINITE_POLICIES,
     OPTIMIZERS,
@@ -38,6 +40,7 @@ from ddp_engine.common.config_values import (
     ConfigError,
     check_at_least,
     check_choice,
+    check_field_types,
     check_positive,
     join_ints,
     split_dataset,
@@ -72,6 +75,17 @@ class RunConfig:
     loss: str = _f("cross_entropy, mse, or FILE.py:FUNC", "cross_entropy")
     """Loss: ``cross_entropy``, ``mse`` or a plugin returning a callable (output, target)."""
 
+    script: str | None = _f("your own torchrun training script (FILE.py), run unchanged as "
+                            "__main__ on every rank; its arguments go after --, e.g. launch "
+                            "--script train.py --nproc 2 -- --epochs 3")
+    """A user's own training script, run instead of the built-in loop (model, dataset, loss and
+    the other fields of the built-in loop stay unset). See ``ddp_engine/rank/script_run.py``."""
+    script_args: list[str] = _f("the script's arguments (on the command line: after --)",
+                                flag=False, default_factory=list)
+    """The script's ``sys.argv[1:]``."""
+    script_cwd: str | None = _f("the script's working folder (default: the script's folder)")
+    """Where the script runs (its relative paths start there)."""
+
     device: str = _f("auto (GPUs when present), cpu (gloo processes) or cuda", "auto")
     """Where ranks run; ``auto`` picks CUDA when a GPU is visible."""
     nproc: int | None = _f("processes (one per GPU); default: every chosen GPU, or 2 on CPU")
@@ -87,6 +101,12 @@ class RunConfig:
     """Per-process batch size (the global batch is batch_size * nproc * grad_accum)."""
     lr: float = _f("learning rate", 1e-3)
     """Learning rate."""
+    lr_schedule: str = _f("constant, cosine (to 0), linear (to 0) or step (x0.1 at half "
+                          "and at three quarters of the steps), after --warmup-steps", "constant")
+    """Learning-rate schedule of the built-in loop over its total steps; its learning rate is
+    reported as the logged series ``lr``."""
+    warmup_steps: int = _f("steps of linear learning-rate warm-up from 0", 0)
+    """Linear warm-up before the schedule (its steps count towards the total)."""
     optimizer: str = _f("sgd, adam or adamw", "adamw")
     """Optimizer."""
     momentum: float = _f("SGD momentum", 0.9)
@@ -194,7 +214,7 @@ class RunConfig:
         Raises:
             ConfigError: naming the field, the value and what is allowed.
         """
-        _check_type(self)
+        check_field_types(self)
         self.model = self.model.strip()
         self.dataset = self.dataset.strip()
         self.loss = self.loss.strip()
@@ -226,6 +246,10 @@ class RunConfig:
             raise ConfigError(f"dataset: {self.dataset!r} gives token sequences; use model "
                               f"gpt-tiny or a plugin, got model {self.model!r}")
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_at_least("warmup_steps", self.warmup_steps, 0)
+        if self.script is not None:
+            self._check_script()
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("nonfinite_loss", self.nonfinite_loss, NONFINITE_POLICIES)
         check_choice("device", self.device, DEVICES)
@@ -295,6 +319,25 @@ class RunConfig:
             if value is not None and not str(value).strip():
                 raise ConfigError(f"{name} must not be empty")
 
+    def _check_script(self) -> None:
+        """A script run: the script path, and none of the built-in loop's fields."""
+        assert self.script is not None
+        self.script = self.script.strip()
+        if not self.script:
+            raise ConfigError("script must not be empty; give the path of a .py file")
+        defaults = RunConfig()
+        for name in ("model", "dataset", "loss", "model_args", "dataset_args"):
+            if getattr(self, name) != getattr(defaults, name):
+                raise ConfigError(f"script: a script run trains what the script builds; drop "
+                                  f"{name} (got {getattr(self, name)!r}) or drop script")
+        for name in BUILTIN_LOOP_ONLY:
+            value = getattr(self, name)
+            if value != getattr(defaults, name):
+                raise ConfigError(f"script: {name} = {value!r} applies to the built-in loop "
+                                  "only; pass the script its own setting after --")
+        if self.script_cwd is not None and not self.script_cwd.strip():
+            raise ConfigError("script_cwd must not be empty (unset: the script's folder)")
+
     # ------------------------------------------------------------------------- derived values
     @property
     def total_epochs(self) -> int | None:
@@ -315,6 +358,9 @@ class RunConfig:
         """The run name used when ``name`` is unset."""
         if self.name:
             return self.name
+        if self.script:
+            stem = self.script.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+            return re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip("._-")[:64] or "script"
         parts = []
         for spec in (self.model, split_dataset(self.dataset)[0]):
             m = PLUGIN_RE.match(spec)
@@ -372,6 +418,8 @@ class RunConfig:
             if value == getattr(defaults, f.name):
                 continue
             flag = "--" + f.name.replace("_", "-")
+            if f.name == "script_args":
+                continue  # last, after "--"
             if f.name in ("model_args", "dataset_args"):
                 for k, v in value.items():
                     argv += [f"--{f.name[:-5]}-arg", f"{k}={json.dumps(v)}"]
@@ -381,51 +429,6 @@ class RunConfig:
                 argv += [flag, join_ints(value)]
             else:
                 argv += [flag, str(value)]
+        if self.script_args:
+            argv += ["--", *self.script_args]
         return argv
-
-
-
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {}
-
-
-def _check_type(cfg: RunConfig) -> None:
-    """Reject values of the wrong type (config files can hold anything)."""
-    if not _FIELD_TYPES:
-        for f in dataclasses.fields(RunConfig):
-            t = str(f.type)
-            if t.startswith("dict"):
-                types: tuple[type, ...] = (dict,)
-            elif t.startswith("list"):
-                types = (list,)
-            elif t.startswith("bool"):
-                types = (bool,)
-            elif t.startswith("int"):
-                types = (int,)
-            elif t.startswith("float"):
-                types = (int, float)
-            else:
-                types = (str,)
-            if "None" in t:
-                types += (type(None),)
-            _FIELD_TYPES[f.name] = types
-    for name, types in _FIELD_TYPES.items():
-        value = getattr(cfg, name)
-        is_bool = isinstance(value, bool)
-        if not isinstance(value, types) or (is_bool and bool not in types):
-            words = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-                     list: "a list", dict: "a table", type(None): "unset"}
-            names = [words[t] for t in types if not (t is int and float in types)]
-            want = " or ".join(names)
-            raise ConfigError(f"{name} must be {want}, got {value!r}")
-        if float in types and isinstance(value, int) and not is_bool:
-            setattr(cfg, name, float(value))  # TOML's `lr = 1` is the number 1.0
-        if name == "gpus" and value is not None:
-            for g in value:
-                if not isinstance(g, int) or isinstance(g, bool):
-                    raise ConfigError(f"gpus must be a list of GPU indices, got {value!r}")
-        if name.endswith("_args"):
-            for k in value:
-                if not isinstance(k, str) or not k.isidentifier():
-                    raise ConfigError(f"{name}: key {k!r} is not a valid keyword argument name")
-
-

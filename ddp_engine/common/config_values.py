@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
 BUILTIN_MODELS: tuple[str, ...] = ("mlp", "convnet", "resnet18", "gpt-tiny")
 """Model names the engine builds itself (ddp_engine/rank/models.py)."""
@@ -22,6 +24,14 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES: tuple[str, ...] = ("stop", "warn")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine", "linear", "step")
+BUILTIN_LOOP_ONLY: tuple[str, ...] = (
+    "epochs", "batch_size", "lr", "lr_schedule", "warmup_steps", "optimizer", "momentum",
+    "weight_decay", "precision", "grad_accum", "grad_clip", "find_unused_parameters",
+    "num_workers", "checkpoint_every", "keep_step_checkpoints", "resume", "eval_every", "seed")
+"""RunConfig fields that only the built-in loop reads: a script run must leave them unset
+(the script has its own). ``max_steps`` applies to both: a script is stopped after that many
+optimizer steps, as the scaling sweep needs."""
 
 SYNTHETIC_SAMPLES = 4096
 """The synthetic dataset's training samples unless ``num_samples`` says otherwise."""
@@ -107,3 +117,54 @@ def batch_exceeds_data(batch_size: int, grad_accum: int, nproc: int, samples: in
     return (f"batch_size: {batch_size} x grad_accum {grad_accum} x nproc {nproc} samples per "
             f"step exceed the {samples} training samples; lower batch_size, grad_accum or "
             "nproc")
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {}
+
+
+def check_field_types(cfg: Any) -> None:
+    """Reject values of the wrong type (config files can hold anything)."""
+    if not _FIELD_TYPES:
+        for f in dataclasses.fields(cfg):
+            t = str(f.type)
+            if t.startswith("dict"):
+                types: tuple[type, ...] = (dict,)
+            elif t.startswith("list"):
+                types = (list,)
+            elif t.startswith("bool"):
+                types = (bool,)
+            elif t.startswith("int"):
+                types = (int,)
+            elif t.startswith("float"):
+                types = (int, float)
+            else:
+                types = (str,)
+            if "None" in t:
+                types += (type(None),)
+            _FIELD_TYPES[f.name] = types
+    for name, types in _FIELD_TYPES.items():
+        value = getattr(cfg, name)
+        is_bool = isinstance(value, bool)
+        if not isinstance(value, types) or (is_bool and bool not in types):
+            words = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+                     list: "a list", dict: "a table", type(None): "unset"}
+            names = [words[t] for t in types if not (t is int and float in types)]
+            want = " or ".join(names)
+            raise ConfigError(f"{name} must be {want}, got {value!r}")
+        if float in types and isinstance(value, int) and not is_bool:
+            setattr(cfg, name, float(value))  # TOML's `lr = 1` is the number 1.0
+        if name == "gpus" and value is not None:
+            for g in value:
+                if not isinstance(g, int) or isinstance(g, bool):
+                    raise ConfigError(f"gpus must be a list of GPU indices, got {value!r}")
+        if name == "script_args":
+            for a in value:
+                if not isinstance(a, str):
+                    raise ConfigError(f"script_args must be a list of strings (the script's "
+                                      f"arguments), got {value!r}")
+        if name in ("model_args", "dataset_args"):
+            for k in value:
+                if not isinstance(k, str) or not k.isidentifier():
+                    raise ConfigError(f"{name}: key {k!r} is not a valid keyword argument name")
+
+

@@ -39,6 +39,8 @@ def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None
         ConfigError: naming the field, the value and what is allowed.
     """
     device = resolved_device(cfg, gpu_count)
+    if cfg.script is not None:
+        check_script(cfg.script, cfg.script_cwd)
     if cfg.device == "cuda" and gpu_count == 0:
         raise ConfigError("device: 'cuda' asked for but no GPU is visible on this machine; "
                           "use --device cpu")
@@ -84,6 +86,35 @@ def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None
         raise ConfigError(f"runs_dir: {cfg.runs_dir!r} is a file, not a folder")
     if cfg.telemetry and cfg.monitor_port and cfg.node_rank == 0:  # rank 0 serves, on node 0
         check_port_free("monitor_port", cfg.monitor_port)
+
+
+def check_script(script: str, cwd: str | None = None) -> None:
+    """A script run's file is a Python file that parses (it is not run), and its working
+    folder, when given, exists.
+
+    Raises:
+        ConfigError: naming script (or script_cwd), the value and what is wrong.
+    """
+    path = Path(script)
+    if not path.exists():
+        raise ConfigError(f"script: {script!r} does not exist; give the path of your training "
+                          "script (a .py file)")
+    if path.is_dir():
+        raise ConfigError(f"script: {script!r} is a folder; give the path of a .py file in it")
+    try:
+        source = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"script: cannot read {script!r}: {e.strerror or e}") from None
+    try:
+        ast.parse(source, filename=str(path))
+    except (SyntaxError, ValueError) as e:
+        where = f" at line {e.lineno}" if isinstance(e, SyntaxError) and e.lineno else ""
+        msg = e.msg if isinstance(e, SyntaxError) else str(e)
+        raise ConfigError(f"script: {script!r} is not a Python file Python can parse{where}: "
+                          f"{msg}") from None
+    if cwd is not None and not Path(cwd).is_dir():
+        raise ConfigError(f"script_cwd: {cwd!r} is not a folder; give the folder the script "
+                          "should run in, or leave it unset for the script's folder")
 
 
 def check_port_free(field_name: str, port: int) -> None:

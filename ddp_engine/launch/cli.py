@@ -37,8 +37,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Rankscope's DDP engine: launch training with torchrun, stop it, see it.")
     sub = parser.add_subparsers(dest="command", required=True)
     launch = sub.add_parser("launch", help="train on this machine (one process per device)",
-                            description="Train with torchrun on this machine. Every flag is "
-                            "also a key of the --config file (--max-steps is max_steps).")
+                            usage="%(prog)s [flags] [--script FILE.py [flags] -- SCRIPT_ARGS]",
+                            description="Train with torchrun on this machine: the built-in "
+                            "loop, or your own script (--script train.py; everything after -- "
+                            "goes to it, as with torchrun). Every flag is also a key of the "
+                            "--config file (--max-steps is max_steps).")
     add_config_arguments(launch)
     sweep = sub.add_parser("sweep", help="scaling sweep: train on 1, 2, ... N devices in turn, "
                            "samples/s and efficiency per count",
@@ -276,8 +279,21 @@ def _signal_launcher(data: dict, run_dir: str) -> bool:
     return True
 
 
+def split_script_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """The engine's arguments and the script's: everything after the first ``--`` of a
+    ``launch``, ``sweep`` or ``cluster`` command goes to ``--script`` (as with torchrun); None
+    when there is no ``--``."""
+    if not argv or argv[0] not in ("launch", "sweep", "cluster") or "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    engine_argv, script_args = split_script_args(list(sys.argv[1:] if argv is None else argv))
+    ns = _parser().parse_args(engine_argv)
+    if script_args is not None:
+        ns.script_args = script_args
     commands = {"launch": cmd_launch, "sweep": cmd_sweep, "runs": cmd_runs, "stop": cmd_stop,
                 "status": cmd_status, "cluster": cmd_cluster}
     try:

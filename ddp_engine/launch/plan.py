@@ -92,6 +92,11 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
             f"{cfg.default_name()}-{node + '-' if node else ''}<timestamp>")
     changes["run_dir"] = str(run_dir)
     changes["resume"] = str(Path(cfg.resume).resolve()) if cfg.resume else None
+    if cfg.script is not None:  # absolute: the ranks run in script_cwd
+        script = Path(cfg.script).resolve()
+        changes["script"] = str(script)
+        changes["script_cwd"] = str(Path(cfg.script_cwd).resolve() if cfg.script_cwd
+                                    else script.parent)
     resolved = dataclasses.replace(cfg, **changes)
     # Several nodes: ranks numbered by node rank, which needs torchrun's shared store. (One
     # node: torchrun's numbers; launch() drops a RANKSCOPE_NODE_RANK left in the shell.)

@@ -14,6 +14,7 @@ from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
 from ddp_engine.common.config_values import split_endpoint
 from ddp_engine.common.machine_checks import check_environment
+from ddp_engine.launch.cli import split_script_args
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -61,6 +62,16 @@ from ddp_engine.common.machine_checks import check_environment
     ({"loss_spike_mads": float("inf")}, r"loss_spike_mads must be a finite number >= 0, got inf"),
     ({"loss_spike_mads": "high"}, r"loss_spike_mads must be a number, got 'high'"),
     ({"loss_spike_reports": 0}, r"loss_spike_reports must be >= 1, got 0"),
+    ({"lr_schedule": "exp"}, r"lr_schedule: 'exp' is not allowed; choose one of constant, cosine"),
+    ({"warmup_steps": -1}, r"warmup_steps must be >= 0, got -1"),
+    ({"script": " "}, r"script must not be empty"),
+    ({"script": "t.py", "model": "resnet18"}, r"script: a script run trains what the script "
+                                              r"builds; drop model \(got 'resnet18'\)"),
+    ({"script": "t.py", "dataset": "digits"}, r"script: .*drop dataset \(got 'digits'\)"),
+    ({"script": "t.py", "lr": 0.5}, r"script: lr = 0.5 applies to the built-in loop only"),
+    ({"script": "t.py", "resume": "x.pt"}, r"script: resume = 'x.pt' applies to the built-in"),
+    ({"script": "t.py", "script_args": ["--a", 1]}, r"script_args must be a list of strings"),
+    ({"script": "t.py", "script_cwd": ""}, r"script_cwd must not be empty"),
 ])
 def test_bad_values_name_field_value_and_what_is_allowed(changes: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -139,16 +150,24 @@ def test_config_file_errors_name_the_line_or_key(tmp_path: Path) -> None:
 
 
 def _parse(argv: list[str]) -> RunConfig:
+    """As ``python -m ddp_engine launch ARGV`` reads its flags (the script's after ``--``)."""
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
-    return config_from_namespace(parser.parse_args(argv))
+    engine, script_args = split_script_args(["launch", *argv])
+    ns = parser.parse_args(engine[1:])
+    if script_args is not None:
+        ns.script_args = script_args
+    return config_from_namespace(ns)
 
 
 def test_every_field_has_a_flag_and_to_argv_round_trips() -> None:
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
     flags = {a.dest for a in parser._actions}
-    assert {f.name for f in dataclasses.fields(RunConfig)} <= flags
+    assert {f.name for f in dataclasses.fields(RunConfig)} - {"script_args"} <= flags
+    script = RunConfig(script="t.py", script_args=["--x", "1", "--"], script_cwd="/w",
+                       max_steps=9)
+    assert _parse(script.to_argv()) == script  # script_args: after "--"
     cfg = RunConfig(model="mlp", model_args={"hidden": 16}, nproc=3, max_steps=7, lr=0.5,
                     find_unused_parameters=True, dataset_args={"num_samples": 100},
                     resume="x.pt", run_dir="/tmp/x", loss_spike_mads=0.0, loss_spike_reports=5)
@@ -238,3 +257,15 @@ def test_a_batch_larger_than_a_builtin_dataset_is_refused_before_the_launch() ->
         check_environment(RunConfig(dataset="synthetic", dataset_args={"num_samples": 100},
                                     batch_size=16, grad_accum=4, nproc=2, device="cpu"), **ok)
 
+
+
+def test_a_script_config_round_trips_and_names_its_run_after_the_script(tmp_path: Path) -> None:
+    cfg = RunConfig(script="jobs/my train.py", script_args=["--lr", "0.1", "a b", "--"],
+                    script_cwd="/data", max_steps=100, nproc=2)
+    assert cfg.default_name() == "my_train"
+    toml_file = tmp_path / "run.toml"
+    toml_file.write_text(cfg.to_toml())
+    assert RunConfig.from_dict(load_config_file(toml_file)) == cfg
+    argv = cfg.to_argv()
+    assert argv[-5:] == ["--", "--lr", "0.1", "a b", "--"]  # the script's, last, after --
+    assert "--script" in argv and "--script-cwd" in argv

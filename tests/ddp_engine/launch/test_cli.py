@@ -44,6 +44,21 @@ def test_dry_run_prints_the_torchrun_command_and_starts_nothing(tmp_path: Path) 
     assert not (tmp_path / "runs").exists()
 
 
+def test_dry_run_of_a_script_passes_everything_after_the_dashes_to_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    proc = run_engine("launch", "--script", str(script), "--nproc", "2", "--runs-dir",
+                      str(tmp_path / "runs"), "--dry-run", "--", "--epochs", "3", "--nproc",
+                      "9", "--", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    first, rest = proc.stdout.split("\n", 1)
+    assert "--nproc-per-node 2 " in first and "-m ddp_engine.worker --config" in first
+    cfg = json.loads(rest)
+    assert cfg["script_args"] == ["--epochs", "3", "--nproc", "9", "--"]
+    assert cfg["script"] == str(script) and cfg["script_cwd"] == str(tmp_path)
+    assert cfg["run_dir"].endswith("<timestamp>") and "train-" in cfg["run_dir"]
+
+
 def test_dry_run_of_node_1_meets_node_0_by_c10d_and_keeps_its_own_folder(
         tmp_path: Path) -> None:
     proc = run_engine("launch", "--nproc", "2", "--nnodes", "2", "--node-rank", "1",
@@ -113,12 +128,22 @@ def _touch(path: Path, text: str = "x") -> str:
      "node_rank must be between 0 and nnodes - 1 (1), got 5"),
     (["--config", "{badtoml}"], "does not parse as TOML"),
     (["--config", "{tmp}/none.toml"], "config: file '{tmp}/none.toml' does not exist"),
+    (["--script", "{tmp}/none.py"], "script: '{tmp}/none.py' does not exist"),
+    (["--script", "{tmp}"], "script: '{tmp}' is a folder"),
+    (["--script", "{broken}"], "script: '{broken}' is not a Python file Python can parse at "
+                               "line 2"),
+    (["--script", "{plugin}", "--model", "mlp"], "script: '{plugin}' was given together with "
+                                                 "--model"),
+    (["--script", "{plugin}", "--lr", "0.5"], "script: lr = 0.5 applies to the built-in loop"),
+    (["--script", "{plugin}", "--script-cwd", "{tmp}/nodir"], "script_cwd: '{tmp}/nodir' is "
+                                                              "not a folder"),
 ])
 def test_bad_input_exits_2_with_one_line_before_any_worker(tmp_path: Path, args: list[str],
                                                            message: str) -> None:
     names = {"tmp": str(tmp_path), "junk": _touch(tmp_path / "junk.pt", "junk"),
              "plugin": _touch(tmp_path / "plug.py", "def build():\n    pass\n"),
-             "badtoml": _touch(tmp_path / "bad.toml", "max_steps = [\n")}
+             "badtoml": _touch(tmp_path / "bad.toml", "max_steps = [\n"),
+             "broken": _touch(tmp_path / "broken.py", "import os\ndef main(:\n")}
     args = [a.format(**names) for a in args]
     proc = run_engine("launch", "--runs-dir", str(tmp_path / "runs"), *args, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -11,14 +11,22 @@ import torch
 
 from ddp_engine.rank.device_sampler import KEYS as DEVICE_KEYS
 
-__all__ = ["DEVICE_KEYS", "REPORT_FIELDS", "TIMING_FIELDS", "Interval", "rank_entries"]
+__all__ = ["DEVICE_KEYS", "LOGGED_AT", "REPORT_FIELDS", "TIMING_FIELDS", "Interval",
+           "rank_entries"]
 
 TIMING_FIELDS: tuple[str, ...] = ("data_wait_s", "forward_s", "backward_s", "optimizer_s",
                                   "sync_time_s", "sync_exposed_s", "sync_bytes", "sync_buckets")
 REPORT_FIELDS: tuple[str, ...] = ("loss", "samples_per_s", "step_time_s", "eval_s",
                                   *TIMING_FIELDS,
-                                  *DEVICE_KEYS, "process_cpu_s", "local_rank", "on_cuda")
-"""Per-rank values gathered to rank 0 at each log interval, in this order (NaN for None)."""
+                                  *DEVICE_KEYS, "process_cpu_s", "loss_steps", "logged_keys",
+                                  "local_rank", "on_cuda")
+"""Per-rank values gathered to rank 0 at each log interval, in this order (NaN for None).
+The last four are not published as they are: ``loss_steps`` (steps with a loss: 0 when a
+script's report had none, so its NaN loss is no NaN alarm), ``logged_keys`` (whether the
+rank logged scalars, see :mod:`ddp_engine.rank.logged`), and the two that make the entry's
+``device``."""
+PUBLISHED = REPORT_FIELDS[:-4]
+LOGGED_AT = REPORT_FIELDS.index("logged_keys")
 
 
 class Interval:
@@ -27,47 +35,53 @@ class Interval:
 
     def __init__(self) -> None:
         self.losses: list[torch.Tensor] = []
+        self.loss_steps = 0  # steps that had a loss (a script's step may have none)
         self.steps = 0
         self.samples = 0
         self.eval_s = 0.0  # evaluations in the interval: in its step time, and said apart
         self.start = time.perf_counter()
 
-    def add(self, loss: torch.Tensor, samples: int) -> None:
-        self.losses.append(loss)
-        if len(self.losses) >= 64:  # a long interval: one sum on the device, still no sync
-            self.losses = [torch.stack(self.losses).float().sum()]
+    def add(self, loss: torch.Tensor | None, samples: int) -> None:
+        if loss is not None:
+            self.losses.append(loss)
+            self.loss_steps += 1
+            if len(self.losses) >= 64:  # a long interval: one sum on the device, still no sync
+                self.losses = [torch.stack(self.losses).float().sum()]
         self.steps += 1
         self.samples += samples
 
     def take(self) -> dict[str, float]:
         total = torch.stack(self.losses).float().sum().item() if self.losses else math.nan
-        loss = total / max(self.steps, 1)
+        loss = total / max(self.loss_steps, 1)
         now = time.perf_counter()
         elapsed = max(now - self.start, 1e-9)
         out = {"loss": loss, "samples_per_s": self.samples / elapsed,
                "step_time_s": elapsed / max(self.steps, 1),
-               "eval_s": self.eval_s / max(self.steps, 1)}
+               "eval_s": self.eval_s / max(self.steps, 1), "loss_steps": self.loss_steps}
         self.losses = []
-        self.steps = self.samples = 0
+        self.steps = self.samples = self.loss_steps = 0
         self.eval_s = 0.0
         self.start = now
         return out
 
 
-def rank_entries(rows: list[list[float]], places: list[dict[str, object]]
-                 ) -> list[dict[str, Any]]:
+def rank_entries(rows: list[list[float]], places: list[dict[str, object]],
+                 logged: list[dict[str, float]] | None = None) -> list[dict[str, Any]]:
     """The "ranks" of a metrics message from the gathered report rows (row r is rank r's, in
-    REPORT_FIELDS order) and where each rank runs (host, node, local rank)."""
+    REPORT_FIELDS order), where each rank runs (host, node, local rank) and what each logged
+    (an entry's ``logged``, only where it logged something)."""
     ranks = []
     for r, gathered in enumerate(rows):
         got = dict(zip(REPORT_FIELDS, gathered, strict=True))
         entry: dict[str, Any] = {"rank": r}
-        entry.update({k: _finite_or_none(got[k]) for k in REPORT_FIELDS[:-2]})
+        entry.update({k: _finite_or_none(got[k]) for k in PUBLISHED})
         for k in entry:
             if (k.endswith("_bytes") or k == "sync_buckets") and entry[k] is not None:
                 entry[k] = round(entry[k])
         entry["device"] = f"cuda:{int(got['local_rank'])}" if got["on_cuda"] else "cpu"
         entry.update(places[r])  # host, node, local_rank
+        if logged and logged[r]:
+            entry["logged"] = logged[r]
         ranks.append(entry)
     return ranks
 

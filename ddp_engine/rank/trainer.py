@@ -23,17 +23,17 @@ from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.rank import checkpoint
 from ddp_engine.rank.data import DataBundle, build_datasets, make_loader
 from ddp_engine.rank.device_sampler import DeviceSampler
-from ddp_engine.rank.distributed import DistContext, Round, StopFlag, rank_places
+from ddp_engine.rank.distributed import DistContext, StopFlag, rank_places
 from ddp_engine.rank.evaluation import validation_metrics
-from ddp_engine.rank.loss_watch import LossWatch
+from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.losses import build_loss
+from ddp_engine.rank.lr_schedule import LrSchedule
 from ddp_engine.rank.models import build_model
+from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.reports import (
     DEVICE_KEYS,
-    REPORT_FIELDS,
     TIMING_FIELDS,
     Interval,
-    rank_entries,
 )
 from ddp_engine.rank.sync_timing import StepTimer
 from ddp_engine.rank.telemetry import Telemetry
@@ -73,20 +73,18 @@ class Trainer:
         self.run_dir = run_dir
         self.stop = stop
         self.telemetry = telemetry  # rank 0 only
-        # Rank 0 alone judges the loss, from the reports it publishes (cfg.loss_spike_mads).
-        self.loss_watch = (LossWatch(cfg.loss_spike_mads, cfg.loss_spike_reports)
-                           if telemetry is not None else None)
+        self.logged = LoggedScalars()  # the lr, and what rankscope.log adds
+        self.reporter = Reporter(cfg, stop, telemetry, self.logged, self._kept)
         self.pos = Position()
         self._last_eval_step = -1
         self._last_checkpoint_step: int | None = None
-        self._poisoned = False  # a non-finite loss was seen and the policy is "stop"
-        self._report_epochs: dict[int, int] = {}  # reporting step -> its epoch, until published
         # RANKSCOPE_SYNC_DEBUG=1: torch.cuda.set_sync_debug_mode("warn") around each step, so a
         # host-device synchronization inside the step shows up as a warning in the rank's log.
         self._sync_debug = (os.environ.get("RANKSCOPE_SYNC_DEBUG") == "1"
                             and ctx.device.type == "cuda")
 
         self.places = rank_places(ctx.info, ctx.side_group)  # host, node, local rank per rank
+        self.reporter.attach(ctx.side_group, self.places)
         self.data: DataBundle = self._build_data()
         torch.manual_seed(cfg.seed)  # same initial weights everywhere (DDP broadcasts rank 0's)
         model = build_model(cfg, self.data.info).to(self.device)
@@ -123,6 +121,7 @@ class Trainer:
         if cfg.total_epochs is not None:
             limits.append(cfg.total_epochs * self.steps_per_epoch)
         self.total_steps = int(min(limits))
+        self.reporter.total_steps = self.total_steps
         self.val_loader = None
         if self.data.val is not None and len(self.data.val) > 0:  # type: ignore[arg-type]
             self.val_loader, _ = make_loader(
@@ -131,6 +130,8 @@ class Trainer:
                 drop_last=False)
         if cfg.resume:
             self._resume(cfg.resume)
+        # After the resume: a function of the global step, rebuilt at the step resumed from.
+        self.lr_schedule = LrSchedule.build(self.optimizer, cfg, self.total_steps, self.pos.step)
 
     # ------------------------------------------------------------------------------ set-up
     def _build_data(self) -> DataBundle:
@@ -176,7 +177,7 @@ class Trainer:
 
     def _run(self) -> str:
         cfg = self.cfg
-        self._emit_event("run_start", total_steps=self.total_steps, world_size=self.world,
+        self.reporter.event("run_start", total_steps=self.total_steps, world_size=self.world,
                          steps_per_epoch=self.steps_per_epoch, backend=self.ctx.backend,
                          start_step=self.pos.step,
                          nnodes=len({p.get("node") for p in self.places}),
@@ -187,7 +188,7 @@ class Trainer:
         while self.pos.step < self.total_steps:
             self.sampler.set_epoch(self.pos.epoch)
             self.sampler.skip(self.pos.step_in_epoch * cfg.grad_accum * cfg.batch_size)
-            self._emit_event("epoch_start", epoch=self.pos.epoch)
+            self.reporter.event("epoch_start", epoch=self.pos.epoch)
             batches = iter(self.loader)
             while self.pos.step_in_epoch < self.steps_per_epoch:
                 if self._sync_debug:  # report any host-device sync inside the step
@@ -208,7 +209,7 @@ class Trainer:
                 rounds = self.stop.after_step(
                     step, (lambda: self._row(interval)) if report_due else None,
                     flush=checkpoint_due or last)
-                if self._publish(rounds) or self.stop.stopping:
+                if self.reporter.publish(rounds, step, self.pos.epoch) or self.stop.stopping:
                     outcome = "stopped"
                     break
                 if checkpoint_due:
@@ -226,15 +227,16 @@ class Trainer:
                 self.pos.epoch += 1
                 self.pos.step_in_epoch = 0
         self.stop.settle()  # a round left in flight by a break (its report is not needed)
-        if interval.steps and not self._poisoned:  # the steps since the last report
-            self._publish([self.stop.gather(self.pos.step, self._row(interval))])
+        if interval.steps and not self.reporter.poisoned:  # the steps since the last report
+            self.reporter.publish([self.stop.gather(self.pos.step, self._row(interval))],
+                                  self.pos.step, self.pos.epoch)
         if outcome == "stopped":
-            self._emit_event("stopping", step=self.pos.step, reason=self.stop.reason)
+            self.reporter.event("stopping", step=self.pos.step, reason=self.stop.reason)
         elif self.val_loader is not None and self._last_eval_step != self.pos.step:
             self.evaluate()
-        if not self._poisoned:  # weights after a NaN loss are not worth keeping
+        if not self.reporter.poisoned:  # weights after a NaN loss are not worth keeping
             self.save_checkpoint(periodic=False)
-        self._emit_event(outcome, step=self.pos.step, epoch=self.pos.epoch)
+        self.reporter.event(outcome, step=self.pos.step, epoch=self.pos.epoch)
         return outcome
 
     def _train_step(self, batches: Iterator[Any]) -> torch.Tensor:
@@ -292,6 +294,10 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.lr_schedule is not None:  # after the step, taken or skipped by the scaler
+            self.lr_schedule.step()
+        # The lr the next step uses, a Python float: no sync; read on reporting steps.
+        self.logged.log_shared("lr", self.optimizer.param_groups[0]["lr"])  # alike everywhere
         self.optimizer.zero_grad(set_to_none=True)
         if timer is not None:
             timer.phase("optimizer", s3, timer.stamp())
@@ -311,22 +317,6 @@ class Trainer:
         return (f"checkpoints/last.pt (step {last}) is kept" if last is not None
                 else "no checkpoint was saved before it")
 
-    def _nonfinite(self, bad: dict[int, float], at: int) -> bool:
-        """A rank's loss was NaN or infinite in the interval up to step ``at``: warn, and
-        (policy "stop") stop. Every rank decides from the same gathered rows, so all stop at
-        this step without another collective. Returns True to stop."""
-        where = ", ".join(f"rank {r}: {v}" for r, v in sorted(bad.items()))
-        stop = self.cfg.nonfinite_loss == "stop"
-        message = (f"non-finite loss at step {at} ({where})"
-                   + (f": stopping at step {self.pos.step}; {self._kept()}" if stop
-                      else ": training goes on (--nonfinite-loss warn)"))
-        self._emit_event("warning", step=at, message=message,
-                         ranks=sorted(bad), cause="nonfinite_loss")
-        if stop:
-            self._poisoned = True
-            self.stop.request(message)
-        return stop
-
     def _row(self, interval: Interval) -> list[float]:
         """This rank's report since the last one, as floats in REPORT_FIELDS order (NaN for
         None). Taken on reporting steps only."""
@@ -337,51 +327,10 @@ class Trainer:
         values.update(self.device_sampler.latest() if self.device_sampler is not None
                       else dict.fromkeys(DEVICE_KEYS))
         values["process_cpu_s"] = time.process_time()  # CPU work so far: what a cost costs
+        values["logged_keys"] = self.logged.take(self.pos.step)
         values["local_rank"] = self.ctx.info.local_rank
         values["on_cuda"] = 1.0 if self.device.type == "cuda" else 0.0
-        self._report_epochs[self.pos.step] = self.pos.epoch  # named when it is published
-        return [math.nan if values[k] is None else float(values[k] or 0.0) for k in REPORT_FIELDS]
-
-    def _publish(self, rounds: list[Round]) -> bool:
-        """Act on the reports the agreed-stop rounds brought: rank 0 publishes them and watches
-        the loss for spikes; every rank checks the losses for NaN (the same rows everywhere, so
-        every rank decides alike, without another collective). Returns True to stop for a
-        non-finite loss."""
-        stop = False
-        for done in rounds:
-            if not done.reported:
-                continue
-            rows = done.reports()
-            loss_at = REPORT_FIELDS.index("loss")
-            bad = {r: got[loss_at] for r, got in enumerate(rows)
-                   if not math.isfinite(got[loss_at])}
-            epoch = self._report_epochs.pop(done.step, self.pos.epoch)
-            if self.telemetry is not None:
-                self._publish_metrics(done, rows, epoch)
-                self._watch_loss(done.step, [got[loss_at] for got in rows])
-            if bad and not stop:
-                stop = self._nonfinite(bad, done.step)
-        return stop
-
-    def _publish_metrics(self, done: Round, rows: list[list[float]], epoch: int) -> None:
-        assert self.telemetry is not None
-        ranks = rank_entries(rows, self.places)
-        # Stamped when the rows were taken, not when the round was read (a round later).
-        self.telemetry.publish({"type": "metrics", "time": done.time, "step": done.step,
-                                "epoch": epoch,
-                                "total_steps": self.total_steps, "ranks": ranks})
-
-    def _watch_loss(self, step: int, losses: list[float]) -> None:
-        """Rank 0: warn when the loss of the report at ``step`` completes a spike."""
-        assert self.loss_watch is not None
-        spike = self.loss_watch.add(step, losses)
-        if spike is not None:
-            log.warning("%s", spike.message)
-            self._emit_event("warning", **spike.event_fields())
-
-    def _emit_event(self, kind: str, **fields: Any) -> None:
-        if self.telemetry is not None:
-            self.telemetry.publish({"type": "event", "kind": kind, **fields})
+        return self.reporter.row(self.pos.step, self.pos.epoch, values)
 
     def evaluate(self) -> dict[str, float]:
         """Validation loss (and accuracy for classification) over all ranks' shards, and how
@@ -392,7 +341,7 @@ class Trainer:
                                     self.autocast_dtype, self.data.info.task == "classification")
         result["eval_s"] = time.perf_counter() - started
         self._last_eval_step = self.pos.step
-        self._emit_event("eval", step=self.pos.step, epoch=self.pos.epoch, **result)
+        self.reporter.event("eval", step=self.pos.step, epoch=self.pos.epoch, **result)
         return result
 
     # ------------------------------------------------------------------------------ checkpoints
@@ -431,5 +380,5 @@ class Trainer:
                 raise checkpoint.write_error(e, pos.step, path, self._kept()) from e
             if path.name == "last.pt":
                 self._last_checkpoint_step = pos.step
-        self._emit_event("checkpoint_saved", step=pos.step, epoch=epoch,
+        self.reporter.event("checkpoint_saved", step=pos.step, epoch=epoch,
                          paths=[str(p) for p in paths])

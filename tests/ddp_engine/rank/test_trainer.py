@@ -164,3 +164,16 @@ def test_max_steps_loops_over_epochs_and_epochs_limit(ctx, tmp_path: Path) -> No
     assert t.run() == "completed" and (t.pos.step, t.pos.epoch) == (20, 2)
     t = _trainer(ctx, tmp_path, max_steps=None, epochs=2)
     assert t.total_steps == 16 and t.run() == "completed" and t.pos.step == 16
+
+
+def test_the_lr_is_reported_as_a_logged_series_and_constant_by_default(ctx, tmp_path) -> None:
+    t = _trainer(ctx, tmp_path, max_steps=4, log_every=2)
+    assert t.lr_schedule is None and t.run() == "completed"
+    assert t.optimizer.param_groups[0]["lr"] == 0.1  # no scheduler touched it
+    ms = [m for m in _lines(t) if m["type"] == "metrics"]
+    assert [(m["step"], m["ranks"][0]["logged"]) for m in ms] == [(2, {"lr": 0.1}),
+                                                                  (4, {"lr": 0.1})]
+    t = _trainer(ctx, tmp_path, max_steps=4, log_every=2, lr_schedule="linear")
+    assert t.run() == "completed"
+    ms = [m for m in _lines(t) if m["type"] == "metrics"]
+    assert [m["ranks"][0]["logged"]["lr"] for m in ms] == pytest.approx([0.05, 0.0])

@@ -62,6 +62,11 @@ class StatusFile:
             self.error = e
 
 
+UNAVAILABLE_WORDS = {"sync": "gradient sync timing", "samples": "samples/s and forward time",
+                     "loss": "loss"}
+"""What the keys of a script run's ``unavailable`` event are, in words."""
+
+
 class RunMonitor(threading.Thread):
     """Follows metrics.jsonl and the rank files: updates status.json, prints progress, and
     remembers every process of the run for the final sweep."""
@@ -192,9 +197,20 @@ class RunMonitor(threading.Thread):
             self.total_steps = msg.get("total_steps")
             self.status.update(state="running", total_steps=self.total_steps,
                                world_size=msg.get("world_size"))
-            self._print(f"training: {msg.get('world_size')} ranks ({msg.get('backend')}), "
-                        f"{self.total_steps} steps, {msg.get('steps_per_epoch')} per epoch, "
-                        f"from step {msg.get('start_step')}")
+            if msg.get("source") == "script":
+                self._print(f"training: {msg.get('world_size')} ranks ({msg.get('backend')}), "
+                            f"script {msg.get('script')}"
+                            + (f", stopped after {self.total_steps} steps"
+                               if self.total_steps else ""))
+            else:
+                self._print(f"training: {msg.get('world_size')} ranks ({msg.get('backend')}), "
+                            f"{self.total_steps} steps, {msg.get('steps_per_epoch')} per "
+                            f"epoch, from step {msg.get('start_step')}")
+        elif kind == "unavailable":
+            items = msg.get("items") or {}
+            self.status.update(unavailable=items)
+            for what, why in items.items():
+                self._print(f"not measured: {UNAVAILABLE_WORDS.get(what, what)}: {why}")
         elif kind == "epoch_start":
             self.status.update(epoch=msg.get("epoch"))
         elif kind == "eval":

@@ -102,6 +102,26 @@ class StepTimer:
         assert work is not None
         return work.get_future().then(done)  # type: ignore[arg-type]
 
+    def wrap(self, hook: Any) -> Any:
+        """A script's own comm hook, timed: a stamp when DDP hands the bucket over, another
+        when the hook's future completes. The hook's result passes through unchanged."""
+
+        def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            buf = bucket.buffer()
+            record = _Bucket(start=self.stamp(), nbytes=buf.numel() * buf.element_size())
+            with self._lock:
+                self._current.buckets.append(record)
+
+            def done(fut: "torch.futures.Future[torch.Tensor]") -> torch.Tensor:  # noqa: UP037
+                record.end = self.stamp()
+                return fut.value()
+
+            return hook(state, bucket).then(done)
+
+        timed.__name__ = getattr(hook, "__name__", "hook")  # DDP logs the hook's name
+        timed.__qualname__ = getattr(hook, "__qualname__", timed.__name__)
+        return timed
+
     def end_step(self) -> None:
         with self._lock:
             self._pending.append(self._current)

@@ -56,10 +56,47 @@ def resolve_run_dir(cfg: RunConfig, ctx: DistContext) -> Path:
     return prepare_run_dir(folder)
 
 
-def write_rank_state(run_dir: Path, ctx: DistContext, state: str, **extra: object) -> None:
-    atomic_write_json(rank_file(run_dir, ctx.info.rank), {
-        "rank": ctx.info.rank, "local_rank": ctx.info.local_rank, "pid": os.getpid(),
-        "device": str(ctx.device), "state": state, "time": time.time(), **extra})
+def write_rank_state(run_dir: Path, info: DistInfo, device: object, state: str,
+                     **extra: object) -> None:
+    atomic_write_json(rank_file(run_dir, info.rank), {
+        "rank": info.rank, "local_rank": info.local_rank, "pid": os.getpid(),
+        "device": str(device), "state": state, "time": time.time(), **extra})
+
+
+def record_failure(e: BaseException, run_dir: Path | None, info: DistInfo, device: object,
+                   telemetry: Telemetry | None, step: dict[str, int]) -> None:
+    """Say in the rank's file (and rank 0's telemetry) that it failed, and why. Best effort:
+    on a full disk these writes fail too, and must not hide ``e``."""
+    with contextlib.suppress(OSError):
+        if run_dir is not None:
+            write_rank_state(run_dir, info, device, "failed", **step,
+                             error=f"{type(e).__name__}: {e}",
+                             traceback=traceback.format_exc()[-4000:])
+        if telemetry is not None:
+            telemetry.publish({"type": "event", "kind": "failed", "rank": info.rank,
+                               "error": f"{type(e).__name__}: {e}"})
+    if isinstance(e, ConfigError):
+        log.error("%s", e)
+
+
+def setup_logging(root: bool = True) -> None:
+    """Log lines that name the rank (as the run numbers it, by node in a multi-node run, not
+    as torchrun's rendezvous did). ``root=False`` (a user's script runs in this process):
+    only the engine's own loggers, so that the script's logging.basicConfig still works."""
+    try:
+        rank: object = DistInfo.from_env().rank
+    except (RuntimeError, ValueError):
+        rank = "?"
+    fmt = f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
+    if root:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=fmt)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(fmt))
+    engine = logging.getLogger("ddp_engine")
+    engine.addHandler(handler)
+    engine.setLevel(logging.INFO)
+    engine.propagate = False
 
 
 @record
@@ -68,16 +105,15 @@ def main(argv: list[str] | None = None) -> int:
                                      description="One DDP rank; start it with torchrun.")
     parser.add_argument("--config", required=True, help="TOML or JSON RunConfig")
     args = parser.parse_args(argv)
-    try:
-        rank: object = DistInfo.from_env().rank  # as the run numbers it (by node in a
-    except (RuntimeError, ValueError):  # multi-node run), not as torchrun's rendezvous did
-        rank = "?"
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     cfg = RunConfig.from_dict(load_config_file(args.config), source=f"config {args.config}")
+    setup_logging(root=cfg.script is None)
     stop = StopFlag(cfg.stop_check_every)
     # Before init: a stop during start-up is kept, not lost.
     stop.install_signal_handlers(grace_s=cfg.shutdown_timeout_s)
+    if cfg.script is not None:
+        from ddp_engine.rank.script_run import run_script
+
+        return run_script(cfg, stop)
 
     ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
     run_dir: Path | None = None
@@ -96,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 on_stop=stop.request,
                 port=cfg.monitor_port if cfg.telemetry else None,
                 buffer_bytes=cfg.monitor_buffer_bytes)
-        write_rank_state(run_dir, ctx, "running")
+        write_rank_state(run_dir, ctx.info, ctx.device, "running")
         heartbeat = Heartbeat(run_dir, ctx.info.rank)
         heartbeat.start()
         from ddp_engine.rank.trainer import Trainer  # after init: model/data building is slow
@@ -111,29 +147,24 @@ def main(argv: list[str] | None = None) -> int:
             # torchrun end the others on its node.
             dist.barrier(group=ctx.side_group)
             raise RunFailed(f"{stop.failure}; every rank stopped after step {trainer.pos.step}")
-        write_rank_state(run_dir, ctx, outcome, **step,
+        write_rank_state(run_dir, ctx.info, ctx.device, outcome, **step,
                          **({"reason": stop.reason} if outcome == "stopped" else {}))
         log.info("%s at step %d", outcome, trainer.pos.step)
     except BaseException as e:
-        # Best effort: on a full disk these writes fail too, and must not hide ``e``.
-        with contextlib.suppress(OSError):
-            if run_dir is not None:
-                write_rank_state(run_dir, ctx, "failed", **step,
-                                 error=f"{type(e).__name__}: {e}",
-                                 traceback=traceback.format_exc()[-4000:])
-            if telemetry is not None:
-                telemetry.publish({"type": "event", "kind": "failed", "rank": ctx.info.rank,
-                                   "error": f"{type(e).__name__}: {e}"})
-        if isinstance(e, ConfigError):
-            log.error("%s", e)
+        record_failure(e, run_dir, ctx.info, ctx.device, telemetry, step)
         raise
     finally:
-        if heartbeat is not None:
-            heartbeat.close()
-        if telemetry is not None:
-            telemetry.close()
-        teardown()
+        close_rank(heartbeat, telemetry)
     return 0
+
+
+def close_rank(heartbeat: Heartbeat | None, telemetry: Telemetry | None) -> None:
+    """On every exit path: the heartbeat, rank 0's server, and the process group."""
+    if heartbeat is not None:
+        heartbeat.close()
+    if telemetry is not None:
+        telemetry.close()
+    teardown()
 
 
 if __name__ == "__main__":

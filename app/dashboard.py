@@ -1,4 +1,5 @@
-"""The live dashboard: progress, alerts and the four chart panels, redrawn on a timer.
+"""The live dashboard: progress, alerts, the four chart panels and a chart per series the run
+logged by name (added as the names first come), redrawn on a timer.
 
 The progress line and the captions take new text a few times a second (LABELS_S). A frame
 has a budget: on each tick only as many charts redraw as fit in FRAME_BUDGET_S by
@@ -27,8 +28,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.charts.base import Chart
-from app.charts.panels import DevicePanel, LossPanel, SyncPanel, ThroughputPanel
+from app.charts.panels import DevicePanel, LoggedPanel, LossPanel, SyncPanel, ThroughputPanel
 from app.metric_store import MetricStore
+from app.run_model import progress_text, unavailable_text, warning_text
 from ddp_engine.common.heartbeat import fmt_seconds, hang_hint, read_heartbeats, stall_text
 from ddp_engine.common.runs import fmt_duration
 
@@ -65,6 +67,13 @@ class Dashboard(QWidget):
         self.alert.setObjectName("alert")
         self.alert.setWordWrap(True)
         self.alert.setStyleSheet("color: #b35900; font-weight: bold;")
+        self.unavailable = QLabel("")
+        """What a user's script run cannot show, and why (hidden when it shows everything)."""
+        self.unavailable.setObjectName("unavailable")
+        self.unavailable.setWordWrap(True)
+        self.unavailable.setStyleSheet("color: #6b6b6b;")
+        self.unavailable.hide()
+        self._unavailable_said: dict[str, str] = {}
         self.loss = LossPanel()
         self.devices = DevicePanel()
         self.sync = SyncPanel()
@@ -89,7 +98,9 @@ class Dashboard(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.alert)
+        layout.addWidget(self.unavailable)
         layout.addWidget(self.scroll, 1)
+        self.logged: dict[str, LoggedPanel] = {}  # a panel per logged key, as they came
         self.parts: tuple[tuple[Chart, Callable[[MetricStore], None]], ...] = (
             (self.loss.chart, self.loss.redraw),
             (self.throughput.chart, self.throughput.redraw),
@@ -99,6 +110,11 @@ class Dashboard(QWidget):
             (self.devices.mem, self.devices.redraw_mem))
         """Each chart, and what redraws it (and its panel's caption) from the store."""
         self.charts = tuple(chart for chart, _redraw in self.parts)
+        self._built_in = (len(self.panels), len(self.parts))  # the rest are logged keys'
+        self.noted: dict[str, tuple[Chart, ...]] = {
+            "sync": (self.sync.sync, self.sync.share), "samples": (self.throughput.chart,),
+            "loss": (self.loss.chart,)}
+        """The charts left empty by each item an "unavailable" event may name."""
         for chart in self.charts[1:]:  # every chart is against step: zoom one, see all there
             chart.link_x(self.loss.chart)
         self.cost_s = dict.fromkeys(self.charts, 0.0)
@@ -115,18 +131,52 @@ class Dashboard(QWidget):
         self.timer.timeout.connect(self.redraw)
         self.timer.start(REDRAW_MS)
 
-    def _arrange(self, columns: int) -> None:
+    def _arrange(self, columns: int, again: bool = False) -> None:
         """The panels in ``columns`` columns (2: loss and throughput above sync and devices;
-        1: the four one under the other), every row stretching alike."""
-        if columns == self.columns:
+        1: the four one under the other), then the logged keys' in the same way, every row
+        stretching alike. ``again``: even if the columns did not change (panels did)."""
+        if columns == self.columns and not again:
             return
         self.columns = columns
         for panel in self.panels:
             self.grid.removeWidget(panel)
         for i, panel in enumerate(self.panels):
             self.grid.addWidget(panel, i // columns, i % columns)
-        for row in range(4):
-            self.grid.setRowStretch(row, 1 if row < 4 // columns else 0)
+        rows = -(-len(self.panels) // columns)
+        for row in range(max(rows, self.grid.rowCount())):
+            self.grid.setRowStretch(row, 1 if row < rows else 0)
+
+    def _add_logged(self) -> None:
+        """A panel for each key the run logged that has none yet (keys only come, until a
+        reset): its chart follows the step charts' x axis and redraws with the others."""
+        keys = self.store.logged_tables
+        if len(keys) == len(self.logged):
+            return
+        for key in keys:
+            if key in self.logged:
+                continue
+            panel = self.logged[key] = LoggedPanel(key)
+            panel.setMinimumHeight(PANEL_MIN_HEIGHT)
+            panel.chart.link_x(self.loss.chart)
+            self.panels += (panel,)
+            self.parts += ((panel.chart, panel.redraw),)
+            self.charts += (panel.chart,)
+            self.cost_s[panel.chart] = 0.0
+            self._drawn[panel.chart] = -1
+        self._arrange(self.columns, again=True)
+
+    def _drop_logged(self) -> None:
+        """Remove the logged keys' panels (a new run has its own)."""
+        for panel in self.logged.values():
+            self.grid.removeWidget(panel)
+            panel.chart.unlink_x()
+            del self.cost_s[panel.chart]
+            panel.deleteLater()
+        self.logged.clear()
+        self.panels = self.panels[:self._built_in[0]]
+        self.parts = self.parts[:self._built_in[1]]
+        self.charts = tuple(chart for chart, _redraw in self.parts)
+        self._arrange(self.columns, again=True)
 
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt's name)
         self._arrange(2 if event.size().width() >= TWO_COLUMNS_MIN_WIDTH else 1)
@@ -135,6 +185,7 @@ class Dashboard(QWidget):
     def reset(self) -> None:
         self.store.clear()
         self.loss.clear()
+        self._drop_logged()
         for chart in self.charts:
             if chart is not self.loss.chart:  # the loss panel clears its own
                 chart.reset()
@@ -142,6 +193,7 @@ class Dashboard(QWidget):
         self.labels_version = -1
         self._labels_at = float("-inf")
         self.alert.setText("")
+        self._unavailable()
 
     @property
     def drawn_version(self) -> int:
@@ -170,8 +222,10 @@ class Dashboard(QWidget):
             self._labels_at = now
             self.labels_version = version
             self._progress()
+            self._unavailable()
             self.sync.redraw_caption(self.store)
             self.devices.redraw_caption(self.store)
+        self._add_logged()
         spent = 0.0
         stale = sorted((p for p in self.parts if self._drawn[p[0]] != version),
                        key=lambda p: self._drawn[p[0]])
@@ -192,9 +246,13 @@ class Dashboard(QWidget):
         info = self.store.info
         total = info.total_steps or 0
         self.progress.setRange(0, max(total, 1))
-        self.progress.setValue(min(info.step, max(total, 1)))
-        text = (f"step {info.step}/{total or '?'}  epoch {info.epoch}  "
-                f"ETA {fmt_duration(self.store.eta_s())}")
+        self.progress.setValue(min(info.step, total))  # an unknown length: empty, and says so
+        self.progress.setFormat("%p%" if total or not self.store.version else "length unknown")
+        if not self.store.version:  # nothing came since the last reset
+            text = "no report yet"
+        else:
+            text = progress_text(info.step, info.total_steps, info.epoch,
+                                 fmt_duration(self.store.eta_s()))
         took = (info.last_eval or {}).get("eval_s")
         if isinstance(took, int | float):  # evaluation is work the steps wait for: say it
             text += f"  last eval (step {info.last_eval.get('step')}) took {fmt_seconds(took)}"
@@ -214,9 +272,25 @@ class Dashboard(QWidget):
             info = self.store.info
             hint = hang_hint(read_heartbeats(self.run_dir), now) if self.run_dir else None
             parts.append(stall_text(stall, info.clock.typical_s(), info.step, hint))
-        warning = self.store.warning_text()  # kept for the run: a spike may be long past
+        # kept for the run: a spike may be long past
+        warning = warning_text(self.store.last_warning, self.store.warnings)
         if warning:
             parts.append(warning)
         text = "\n".join(parts)
         if text != self.alert.text():
             self.alert.setText(text)
+
+    def _unavailable(self) -> None:
+        """Say what a script run cannot show, and why: in the line above the charts, and over
+        each chart left empty by it."""
+        items = self.store.unavailable
+        if items == self._unavailable_said:
+            return
+        self._unavailable_said = dict(items)
+        text = unavailable_text(items, self.store.info.script)
+        self.unavailable.setText(text)
+        self.unavailable.setVisible(bool(text))
+        for key, charts in self.noted.items():
+            why = items.get(key)
+            for chart in charts:
+                chart.set_note(f"Not measured for this script: {why}" if why else "")

@@ -22,6 +22,9 @@ from ddp_engine.common.run_dir import METRICS_FILE, iter_metrics
 
 CSV_HEAD: tuple[str, ...] = ("time", "step", "epoch", "rank")
 CSV_EVAL: tuple[str, ...] = ("val_loss", "val_accuracy")
+LOGGED_PREFIX = "logged/"
+"""Names a logged series' CSV column and TensorBoard tag (``logged/acc``): apart from the
+built-in fields, so a key named like one (a script's ``loss``) replaces nothing."""
 CHART_SUFFIXES: tuple[str, ...] = (".png", ".svg")
 TB_RANK_FIELDS: tuple[str, ...] = (
     "loss", "samples_per_s", "step_time_s", "sync_time_s", "gpu_util_pct")
@@ -62,6 +65,15 @@ def _rank_entries(message: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any]
             yield (rank if isinstance(rank, int) else i), entry
 
 
+def _logged(entry: dict[str, Any]) -> dict[str, float | int]:
+    """The finite numbers of a per-rank entry's ``logged`` (the series a rank logged by name)."""
+    logged = entry.get("logged")
+    if not isinstance(logged, dict):
+        return {}
+    return {key: number for key, value in logged.items()
+            if isinstance(key, str) and (number := _number(value)) is not None}
+
+
 def _is_eval(message: dict[str, Any]) -> bool:
     return message.get("type") == "event" and message.get("kind") == "eval"
 
@@ -93,7 +105,9 @@ def export_csv(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) ->
 
     One row per (metrics line, rank) with columns ``time, step, epoch, rank``, every field of
     RANK_FIELDS, then any other numeric per-rank field found (e.g. ``sync_buckets``, in
-    alphabetical order), then ``val_loss, val_accuracy``; and one row per ``eval`` event, with
+    alphabetical order), then ``logged/KEY`` for each series a rank logged by name (its
+    entry's ``logged``, e.g. ``logged/acc``; alphabetical; empty where the rank did not log it
+    in that report), then ``val_loss, val_accuracy``; and one row per ``eval`` event, with
     ``rank`` empty and the two ``val_*`` columns filled. Rows follow the file's order. Null or
     non-finite values give empty cells.
 
@@ -112,7 +126,9 @@ def export_csv(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) ->
     extra = sorted({key for m in lines for _, entry in _rank_entries(m)
                     for key, value in entry.items()
                     if key != "rank" and key not in RANK_FIELDS and _number(value) is not None})
-    columns = [*CSV_HEAD, *RANK_FIELDS, *extra, *CSV_EVAL]
+    logged = sorted({key for m in lines for _, entry in _rank_entries(m)
+                     for key in _logged(entry)})
+    columns = [*CSV_HEAD, *RANK_FIELDS, *extra, *(LOGGED_PREFIX + k for k in logged), *CSV_EVAL]
     rows = 0
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=columns, restval="")
@@ -125,6 +141,7 @@ def export_csv(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) ->
                 continue
             for rank, entry in _rank_entries(m):
                 cells = {key: _csv_cell(entry.get(key)) for key in (*RANK_FIELDS, *extra)}
+                cells.update({LOGGED_PREFIX + k: v for k, v in _logged(entry).items()})
                 writer.writerow({**head, "rank": rank, **cells})
                 rows += 1
     return rows
@@ -184,6 +201,8 @@ def _metrics_scalars(m: dict[str, Any]) -> list[tuple[str, float]]:
             value = _number(entry.get(key))
             if value is not None:
                 out.append((f"{key}/rank{rank}", float(value)))
+        out.extend((f"{LOGGED_PREFIX}{key}/rank{rank}", float(value))
+                   for key, value in _logged(entry).items())
         if (loss := _number(entry.get("loss"))) is not None:
             losses.append(float(loss))
         if (throughput := _number(entry.get("samples_per_s"))) is not None:
@@ -225,7 +244,8 @@ def export_tensorboard(run_dir: str | os.PathLike[str],
     Scalars, at each metrics line's step and wall time: ``loss/rank{r}``,
     ``samples_per_s/rank{r}``, ``step_time_s/rank{r}``, ``sync_time_s/rank{r}``,
     ``gpu_util_pct/rank{r}`` (each when measured), ``samples_per_s/total`` (sum over ranks),
-    ``loss/mean`` (mean over ranks); at each eval event, ``val/loss`` and ``val/accuracy``.
+    ``loss/mean`` (mean over ranks), ``logged/KEY/rank{r}`` for each series a rank logged by
+    name; at each eval event, ``val/loss`` and ``val/accuracy``.
     For a resumed run, the first session's points past the resume step are left out. The
     event file an earlier export wrote to ``out_dir`` is removed: exporting again replaces it.
 

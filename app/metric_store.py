@@ -9,6 +9,7 @@ bounded however long the run is.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from collections.abc import Iterable
@@ -17,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from app.run_model import plural
 from ddp_engine.common.heartbeat import ReportClock
 from ddp_engine.common.run_dir import FINAL_STATES, iter_metrics, read_status
 
@@ -34,6 +34,8 @@ a line per rank: a line per rank would cost a frame's budget and be unreadable a
 SPREAD_FIELDS: tuple[str, ...] = (*RANK_FIELDS, "sync_share_pct")
 """The per-rank fields whose spread is kept, with sync_time_s / step_time_s in %."""
 STATS = ("min", "median", "max")
+LOGGED_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")  # as ddp_engine/rank/logged.py
+LOGGED_KEYS_MAX = 64  # logged keys kept, a chart each (32 per rank in the engine); no more
 
 
 _F = len(RANK_FIELDS)
@@ -171,7 +173,7 @@ def as_floats(rows: list[dict[str, Any]], names: tuple[str, ...]) -> np.ndarray:
 def _float(v: Any) -> float:
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return np.nan
 
 
@@ -191,6 +193,7 @@ class RunInfo:
     start_step: int = 0
     last_eval: dict[str, Any] | None = None
     """The latest "eval" event: its step, val_loss and how long it took (eval_s)."""
+    script: str | None = None  # the user's own script a script run trains (run_start's)
 
 
 class MetricStore:
@@ -219,6 +222,12 @@ class MetricStore:
         """The "warning" events of cause "loss_spike" (the loss chart marks each one's step)."""
         self.last_warning: dict[str, Any] | None = None  # the latest "warning" event
         self.warnings = 0  # how many came
+        self.logged_tables: dict[str, Table] = {}
+        """Per logged key (``rankscope.log``), in the order they came, apart from RANK_FIELDS
+        so a key never shadows one: a row per report where a rank logged it; STATS across
+        ranks (above SPREAD_ABOVE), then a column per rank slot (NaN: not logged)."""
+        self.unavailable: dict[str, str] = {}
+        """What a script run cannot show, and why (the latest "unavailable" event's items)."""
         self.version = 0  # bumped on every change: charts redraw only when it moved
 
     def load_run(self, run_dir: str | os.PathLike[str]) -> None:
@@ -247,6 +256,18 @@ class MetricStore:
                     return series  # not kept: it would shadow the rank's when it comes
             self.series[key] = series
         return series
+
+    def logged(self, rank: int, key: str) -> Series:
+        """Logged ``key`` of ``rank``, NaN where it did not log it (empty: never logged)."""
+        table, slot = self.logged_tables.get(key), self._slots.get(rank)
+        if table is None or slot is None or len(STATS) + slot >= table.columns:
+            return Series(1)
+        return Series(table=table, column=len(STATS) + slot)
+
+    def logged_spread(self, key: str) -> tuple[Series, Series, Series]:
+        """Min, median and max of logged ``key`` across ranks (runs above SPREAD_ABOVE)."""
+        table = self.logged_tables.get(key) or Table(1, len(STATS))
+        return Series(table=table), Series(table=table, column=1), Series(table=table, column=2)
 
     def _slot(self, rank: int) -> int:
         slot = self._slots.get(rank)
@@ -322,6 +343,31 @@ class MetricStore:
         self.mean_loss.append(step, float(losses.mean()) if len(losses) else None)
         self.report_time.append(step, now)
         info.world_size = max(info.world_size, len(rows))
+        self._logged(step, rows, slots)
+
+    def _logged(self, step: float, rows: list[dict[str, Any]], slots: list[int]) -> None:
+        """Each rank's ``logged`` scalars: a row in the table of each key some rank logged."""
+        width, new = len(STATS) + len(self._slots), {}
+        for r, slot in zip(rows, slots, strict=True):
+            logged = r.get("logged")
+            for key, value in logged.items() if isinstance(logged, dict) else ():
+                if isinstance(key, str) and LOGGED_NAME.match(key) and \
+                        np.isfinite(v := _float(value)):
+                    if (row := new.get(key)) is None:
+                        row = new[key] = np.full(width, np.nan)
+                    row[len(STATS) + slot] = v
+        for key, row in new.items():
+            table = self.logged_tables.get(key)
+            if table is None and len(self.logged_tables) < LOGGED_KEYS_MAX:
+                table = self.logged_tables[key] = Table(self.capacity, width)
+            if table is None:
+                continue
+            if table.columns < width:  # a rank joined
+                table.add_columns(width - table.columns)
+            if len(rows) > SPREAD_ABOVE:
+                got = row[len(STATS):][np.isfinite(row[len(STATS):])]
+                row[:len(STATS)] = got.min(), np.median(got), got.max()
+            table.append(step, row)
 
     def _spread(self, step: float, table: np.ndarray) -> None:
         """Min, median and max of every field across ranks (rows): one sort per field (NaNs,
@@ -352,9 +398,15 @@ class MetricStore:
             self.info.world_size = int(e.get("world_size") or self.info.world_size)
             self.info.start_time = e.get("time")
             self.info.start_step = int(e.get("start_step") or 0)
+            script = e.get("script")
+            self.info.script = script if isinstance(script, str) and script else None
         elif kind == "eval" and e.get("val_loss") is not None:
             self.val_loss.append(float(e.get("step", 0)), e["val_loss"])
             self.info.last_eval = e
+        elif kind == "unavailable":  # the latest says all: {} when everything is shown
+            items = e.get("items")
+            self.unavailable = ({str(k): str(v) for k, v in items.items()}
+                                if isinstance(items, dict) else {})
         elif kind in ("stopping", "stopped", "completed", "failed"):
             self.info.state = kind
         elif kind == "warning":
@@ -364,15 +416,6 @@ class MetricStore:
                 self.loss_spikes.append(e)
 
     # ------------------------------------------------------------------------- derived
-    def warning_text(self) -> str | None:
-        """The latest warning of the run (a loss spike, a non-finite loss, ...), in words, and
-        how many came before it; None when there was none."""
-        if self.last_warning is None:
-            return None
-        earlier = self.warnings - 1
-        return (f"warning: {self.last_warning.get('message') or 'no message'}"
-                + (f" ({plural(earlier, 'earlier warning')})" if earlier else ""))
-
     def eta_s(self) -> float | None:
         """Seconds left at the recent pace (None until two reports arrived)."""
         info = self.info

@@ -29,6 +29,49 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def steps_text(step: int | None, total_steps: int | None) -> str:
+    """A run's step and length: "step 120/500", or "step 120" when its length is unknown (a
+    user's own script)."""
+    if step is None:
+        return "no step yet"
+    return f"step {step}/{total_steps}" if total_steps else f"step {step}"
+
+
+def progress_text(step: int, total_steps: int | None, epoch: int, eta: str) -> str:
+    """The dashboard's progress line: the step of the total, the epoch and the ``eta`` (worded
+    by the caller). Where the length is unknown (a user's script) there is no ETA to give, and
+    epoch 0 says nothing (a script that never calls DistributedSampler.set_epoch)."""
+    if total_steps:
+        return f"{steps_text(step, total_steps)}  epoch {epoch}  ETA {eta}"
+    return (steps_text(step, None) + (f"  epoch {epoch}" if epoch else "")
+            + "  (length unknown: no ETA)")
+
+
+UNAVAILABLE_NAMES = {"sync": "gradient sync timing",
+                     "samples": "throughput (samples/s) and forward time",
+                     "loss": "the loss"}
+"""The items of an "unavailable" event (what a script run cannot show), in words."""
+
+
+def unavailable_text(items: Mapping[str, str], script: str | None = None) -> str:
+    """What a script run cannot show and why, in one line ("" when it shows everything):
+    "Not measured for train.py: gradient sync timing (the script registered ...)"."""
+    if not items:
+        return ""
+    return (f"Not measured for {Path(script).name if script else 'this script'}: "
+            + "; ".join(f"{UNAVAILABLE_NAMES.get(k, k)} ({why})" for k, why in items.items()))
+
+
+def warning_text(last: Mapping[str, Any] | None, count: int) -> str | None:
+    """The latest ``warning`` event of a run (a loss spike, a non-finite loss, ...) in words,
+    with how many of the ``count`` came before it; None when there was none."""
+    if last is None:
+        return None
+    earlier = count - 1
+    return (f"warning: {last.get('message') or 'no message'}"
+            + (f" ({plural(earlier, 'earlier warning')})" if earlier else ""))
+
+
 def parse_remote(host: str, port: str, token: str) -> tuple[str, int, str]:
     """The attach dialog's text fields as (host, port, token).
 

@@ -11,12 +11,15 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QGraphicsTextItem
 
 from app.export import export_chart
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf"]
 GRID = "#ececec"
+NOTE = "#6b6b6b"  # a chart's note: muted, as a caption
 
 
 def color(i: int) -> str:
@@ -183,6 +186,8 @@ class Chart(pg.PlotWidget):
         self.paint_s = 0.0  # how long its last paint took (the dashboard budgets frames)
         self.log_y = False
         self.x_master: Chart | None = None  # the chart whose x range this one follows
+        self._follow_master: object = None  # the slot link_x connected to the master's view
+        self._note: QGraphicsTextItem | None = None
         # pyqtgraph's "A" (auto-range) button, in the corner, whenever the view is zoomed or
         # panned, not only while the mouse is over the chart: one click shows all the data.
         item = self.getPlotItem()
@@ -210,7 +215,7 @@ class Chart(pg.PlotWidget):
                                        symbolBrush=color_hex)
             self.addItem(item)
             self.curves[name] = item
-            self.legend.setVisible(self.legend_wanted)
+            self.legend.setVisible(self.legend_wanted and not self.note())
         return self.curves[name]
 
     def set_data(self, name: str, x: np.ndarray, y: np.ndarray, color_hex: str,
@@ -232,8 +237,48 @@ class Chart(pg.PlotWidget):
         self.x_master = master
         self.setXLink(master)
         self.view.disableAutoRange(pg.ViewBox.XAxis)
-        master.view.sigStateChanged.connect(lambda _v: self._update_reset_button())
+        self._follow_master = lambda _v: self._update_reset_button()
+        master.view.sigStateChanged.connect(self._follow_master)
         self.getPlotItem().autoBtn.clicked.connect(self._reset_linked_view)
+
+    def unlink_x(self) -> None:
+        """Undo :meth:`link_x` (a chart about to be deleted: the master keeps no slot of it)."""
+        if self.x_master is None:
+            return
+        self.x_master.view.sigStateChanged.disconnect(self._follow_master)
+        self.getPlotItem().autoBtn.clicked.disconnect(self._reset_linked_view)
+        self.setXLink(None)
+        self.x_master = self._follow_master = None
+
+    def set_note(self, text: str) -> None:
+        """A muted note over the plot, wrapped to its width ("" removes it): why the chart
+        shows nothing, e.g. a value a user's script cannot give. It is no data (no range), and
+        the legend stays hidden while it is shown."""
+        if self._note is None:
+            if not text:
+                return
+            self._note = QGraphicsTextItem(self.view)  # in the view box's pixels, not data's
+            self._note.setDefaultTextColor(QColor(NOTE))
+            self._note.setZValue(1e6)  # over the curves
+            self.view.sigResized.connect(self._place_note)
+        self._note.setPlainText(text)
+        self._note.setVisible(bool(text))
+        self._place_note()
+        # The legend of curves with nothing to draw would lie over the note.
+        self.legend.setVisible(self.legend_wanted and bool(self.curves) and not text)
+
+    def note(self) -> str:
+        """The note shown over the plot ("" for none)."""
+        note = self._note
+        return note.toPlainText() if note is not None and note.isVisible() else ""
+
+    def _place_note(self) -> None:
+        """The note across the view, a margin either side, halfway down."""
+        if self._note is None:
+            return
+        rect = self.view.rect()
+        self._note.setTextWidth(max(rect.width() - 20, 60.0))
+        self._note.setPos(10, max((rect.height() - self._note.boundingRect().height()) / 2, 0))
 
     def x_auto(self) -> bool:
         """Whether the x axis fits the data (a linked chart's: whether its master's does)."""

@@ -1,4 +1,5 @@
-"""The dashboard's charts: loss, devices, gradient sync, throughput."""
+"""The dashboard's charts: loss, devices, gradient sync, throughput, and a chart per series the
+run logged by name."""
 
 from __future__ import annotations
 
@@ -382,6 +383,35 @@ class ThroughputPanel(QWidget):
         for rank in [] if store.many_ranks else store.ranks():
             s = store.get(rank, "samples_per_s")
             self.chart.set_data(f"rank {rank}", s.x, s.y, color(rank))
+
+
+class LoggedPanel(QWidget):
+    """One series the run logged by name (``rankscope.log(acc=...)``, the built-in loop's
+    ``lr``): a chart titled by the key, a curve per rank that logged it (above SPREAD_ABOVE
+    ranks, their median, min and max). A rank's curve joins the reports where it logged the
+    key, over those where it did not."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+        self.chart = Chart(key, "")
+        self.chart.getAxis("left").showLabel(False)  # the title names it
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.chart)
+
+    def redraw(self, store: MetricStore) -> None:
+        if store.many_ranks:
+            lo, mid, hi = store.logged_spread(self.key)
+            keep = np.isfinite(mid.y)
+            self.chart.set_spread(f"{len(store.ranks())} ranks", mid.x[keep], lo.y[keep],
+                                  mid.y[keep], hi.y[keep], color(0))
+            return
+        for rank in store.ranks():
+            s = store.logged(rank, self.key)
+            keep = np.isfinite(s.y)
+            if keep.any() or f"rank {rank}" in self.chart.curves:
+                self.chart.set_data(f"rank {rank}", s.x[keep], s.y[keep], color(rank))
 
 
 def _fmt(value: float | None, unit: str) -> str:

@@ -3,15 +3,25 @@ labels take new text a few times a second."""
 
 from __future__ import annotations
 
+import json
+
 from app.charts.base import Chart
 from app.dashboard import Dashboard
 from app.metric_store import MetricStore
 from tests.app.conftest import rank_rows
 
 
-def _report(store: MetricStore, step: int, ranks: int = 4) -> None:
-    store.add({"type": "metrics", "time": float(step), "step": step,
-               "ranks": rank_rows(ranks, step)})
+def _report(store: MetricStore, step: int, ranks: int = 4, total_steps: int | None = 1000,
+            logged: dict[int, dict[str, float]] | None = None) -> dict:
+    """Add a metrics message of ``ranks`` ranks at ``step`` (``logged``: rank -> what it
+    logged) to the store; returns it."""
+    rows = rank_rows(ranks, step)
+    for rank, scalars in (logged or {}).items():
+        rows[rank]["logged"] = scalars
+    message = {"type": "metrics", "time": float(step), "step": step, "epoch": 0,
+               "total_steps": total_steps, "ranks": rows}
+    store.add(message)
+    return message
 
 
 def _dashboard(qtbot) -> Dashboard:
@@ -146,3 +156,129 @@ def test_every_step_chart_follows_the_loss_charts_x_axis(qtbot) -> None:
     for chart in dash.charts[1:]:
         assert chart.x_master is dash.loss.chart
         assert chart.view.viewRange()[0] == [100.0, 200.0], chart
+
+
+def _logged_run(store: MetricStore) -> list[dict]:
+    """Five reports of 2 ranks, added to the store and returned: steps 10 and 20 log nothing;
+    30 and 40 "acc" and "lr" on both ranks; 50 "val/acc" on rank 0 alone."""
+    messages = [_report(store, step, ranks=2) for step in (10, 20)]
+    for step in (30, 40):
+        messages.append(_report(store, step, ranks=2, logged={
+            0: {"acc": 0.5 + step / 100, "lr": 0.1}, 1: {"acc": 0.4 + step / 100, "lr": 0.1}}))
+    messages.append(_report(store, 50, ranks=2, logged={0: {"val/acc": 0.9}}))
+    return messages
+
+
+def _curve(chart: Chart, name: str) -> tuple[list[float], list[float]]:
+    x, y = chart.curves[name].getData()
+    return [float(v) for v in x], [round(float(v), 6) for v in y]
+
+
+def _title(chart: Chart) -> str:
+    return chart.getPlotItem().titleLabel.text
+
+
+def test_a_chart_per_logged_key_with_a_curve_per_rank_added_as_keys_come(qtbot) -> None:
+    dash = _dashboard(qtbot)
+    store = dash.store
+    for step in (10, 20):
+        _report(store, step, ranks=2)
+    dash.redraw(budget_s=None)
+    # a run that logs nothing looks as it did: four panels, six charts, no note
+    assert (len(dash.panels), len(dash.charts), dash.logged) == (4, 6, {})
+    assert dash.unavailable.isHidden() and dash.grid.count() == 4
+
+    dash.reset()
+    _logged_run(store)
+    dash.redraw(budget_s=None)
+    assert list(dash.logged) == ["acc", "lr", "val/acc"]
+    assert [_title(p.chart) for p in dash.logged.values()] == ["acc", "lr", "val/acc"]
+    assert len(dash.charts) == 9 and dash.drawn_version == store.version
+    acc = dash.logged["acc"].chart
+    assert _curve(acc, "rank 0") == ([30.0, 40.0], [0.8, 0.9])
+    assert _curve(acc, "rank 1") == ([30.0, 40.0], [0.7, 0.8])
+    assert _curve(dash.logged["lr"].chart, "rank 1") == ([30.0, 40.0], [0.1, 0.1])
+    assert list(dash.logged["val/acc"].chart.curves) == ["rank 0"]  # rank 1 never logged it
+    # in the same grid, after the built-in panels (two columns at this width)
+    assert dash.columns == 2
+    assert [dash.grid.getItemPosition(dash.grid.indexOf(p))[:2]
+            for p in dash.logged.values()] == [(2, 0), (2, 1), (3, 0)]
+    # on the step charts' x axis
+    dash.loss.chart.view.setXRange(30.0, 40.0, padding=0)
+    assert all(p.chart.view.viewRange()[0] == [30.0, 40.0] for p in dash.logged.values())
+
+    _report(store, 60, ranks=2, logged={0: {"acc": 1.0}, 1: {"acc": 0.9, "grad/norm": 2.0}})
+    dash.redraw(budget_s=None)
+    assert list(dash.logged) == ["acc", "lr", "val/acc", "grad/norm"]
+    assert _curve(acc, "rank 1")[1] == [0.7, 0.8, 0.9]
+    assert _curve(dash.logged["grad/norm"].chart, "rank 1") == ([60.0], [2.0])
+
+    dash.reset()  # the next run starts without the last one's keys
+    assert (len(dash.panels), len(dash.charts), dash.logged) == (4, 6, {})
+    assert dash.grid.count() == 4 and dash.loss.chart.view.viewRange()
+    _report(store, 10, ranks=2, logged={0: {"lr": 0.3}})
+    dash.redraw(budget_s=None)
+    assert list(dash.logged) == ["lr"] and dash.grid.count() == 5
+    assert _curve(dash.logged["lr"].chart, "rank 0") == ([10.0], [0.3])
+
+
+def test_a_replayed_run_shows_the_same_logged_charts(qtbot, tmp_path) -> None:
+    live = _dashboard(qtbot)
+    messages = _logged_run(live.store)
+    live.redraw(budget_s=None)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in messages))
+    replay = _dashboard(qtbot)
+    replay.store.load_run(tmp_path)
+    replay.redraw(budget_s=None)
+    assert list(replay.logged) == list(live.logged) == ["acc", "lr", "val/acc"]
+    for key, panel in live.logged.items():
+        assert list(panel.chart.curves) == list(replay.logged[key].chart.curves)
+        for name in panel.chart.curves:
+            assert _curve(panel.chart, name) == _curve(replay.logged[key].chart, name)
+
+
+def test_what_a_script_run_cannot_show_is_said_above_the_charts_and_over_each_empty_one(
+        qtbot) -> None:
+    dash = _dashboard(qtbot)
+    store = dash.store
+    store.add({"type": "event", "kind": "run_start", "time": 0.0, "total_steps": None,
+               "steps_per_epoch": None, "world_size": 2, "start_step": 0,
+               "source": "script", "script": "/home/u/train.py"})
+    hook = ("the script registered DDP's built-in comm hook FP16_COMPRESS, which cannot be "
+            "timed from Python")
+    store.add({"type": "event", "kind": "unavailable", "step": 10,
+               "items": {"sync": hook, "loss": "no one-element tensor was passed to backward()"}})
+    for step in (10, 120):
+        rows = rank_rows(2, step)
+        for row in rows:
+            row["sync_time_s"] = row["sync_exposed_s"] = row["loss"] = None
+        store.add({"type": "metrics", "time": float(step), "step": step, "epoch": 0,
+                   "total_steps": None, "ranks": rows})
+    dash.redraw(budget_s=None)
+    assert not dash.unavailable.isHidden()
+    assert dash.unavailable.text() == (
+        f"Not measured for train.py: gradient sync timing ({hook}); the loss (no one-element "
+        "tensor was passed to backward())")
+    assert dash.sync.sync.note() == dash.sync.share.note() == (
+        f"Not measured for this script: {hook}")
+    assert dash.loss.chart.note() == ("Not measured for this script: no one-element tensor "
+                                      "was passed to backward()")
+    assert dash.throughput.chart.note() == dash.devices.util.note() == ""
+    note = dash.sync.sync._note
+    assert note is not None and note.isVisible()
+    view = dash.sync.sync.view.rect()  # the note lies inside the plot, across its width
+    assert 0 <= note.y() and note.y() + note.boundingRect().height() <= view.height() + 1
+    assert note.boundingRect().width() <= view.width()
+    # the length is unknown: the step alone, no ETA, an empty bar that says why
+    assert dash.progress_label.text() == "step 120  (length unknown: no ETA)"
+    assert (dash.progress.value(), dash.progress.text()) == (0, "length unknown")
+
+    store.add({"type": "event", "kind": "unavailable", "step": 130, "items": {}})
+    dash.redraw(budget_s=None)
+    assert dash.unavailable.isHidden() and dash.unavailable.text() == ""
+    assert dash.sync.sync.note() == dash.loss.chart.note() == ""
+    store.add({"type": "event", "kind": "unavailable", "step": 140, "items": {"loss": "gone"}})
+    dash.reset()
+    dash.redraw(budget_s=None)
+    assert dash.unavailable.isHidden() and dash.loss.chart.note() == ""
+    assert dash.progress_label.text() == "no report yet"

@@ -95,6 +95,30 @@ def test_csv_has_a_row_per_rank_and_per_eval(run: Path, tmp_path: Path) -> None:
     assert rows[5]["cpu_pct"] == "" and rows[6]["cpu_pct"] == "84.0"  # NaN -> empty
 
 
+def test_csv_has_a_column_per_logged_series_apart_from_the_built_in_fields(
+        tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [
+        metrics(10, rank(0, 10), rank(1, 10)),  # nothing logged yet
+        metrics(20, rank(0, 20, logged={"lr": 0.1, "acc": 0.7, "loss": 9.0}),
+                rank(1, 20, logged={"lr": 0.1, "acc": 0.6})),
+        metrics(30, rank(0, 30, logged={"lr": 0.05, "acc": None, "bad": "x"}), rank(1, 30)),
+    ])
+    out = tmp_path / "run.csv"
+    assert export_csv(run, out) == 6
+    with open(out, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == ["time", "step", "epoch", "rank", *RANK_FIELDS, "sync_buckets",
+                                 "logged/acc", "logged/loss", "logged/lr", "val_loss",
+                                 "val_accuracy"]
+    cells = [(r["step"], r["rank"], r["logged/acc"], r["logged/loss"], r["logged/lr"])
+             for r in rows]
+    assert cells == [("10", "0", "", "", ""), ("10", "1", "", "", ""),
+                     ("20", "0", "0.7", "9.0", "0.1"), ("20", "1", "0.6", "", "0.1"),
+                     ("30", "0", "", "", "0.05"), ("30", "1", "", "", "")]
+    assert float(rows[2]["loss"]) == pytest.approx(0.05)  # a logged "loss" is its own column
+
+
 def test_csv_of_a_missing_metrics_file_names_it(tmp_path: Path) -> None:
     missing = tmp_path / "no-run"
     with pytest.raises(MetricsMissing, match=r"metrics.jsonl: .*no-run/metrics.jsonl is "
@@ -173,6 +197,20 @@ def test_tensorboard_scalars(run: Path) -> None:
     assert got["val/accuracy"][0][:2] == (20, 0.875)
     assert not any(tag.startswith("gpu_util_pct/") for tag in got)  # null throughout
     assert {"step_time_s/rank0", "samples_per_s/rank1"} <= set(got)
+
+
+def test_tensorboard_has_a_tag_per_logged_series_and_rank(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    run = write_run(tmp_path / "run", [
+        metrics(10, rank(0, 10, logged={"lr": 0.1, "loss": 9.0}), rank(1, 10)),
+        metrics(20, rank(0, 20, logged={"lr": 0.05}), rank(1, 20, logged={"val/acc": 0.5})),
+    ])
+    got = scalars(export_tensorboard(run))
+    assert [(s, v) for s, v, _ in got["logged/lr/rank0"]] == [(10, pytest.approx(0.1)),
+                                                               (20, pytest.approx(0.05))]
+    assert [(s, v) for s, v, _ in got["logged/loss/rank0"]] == [(10, 9.0)]
+    assert [(s, v) for s, v, _ in got["logged/val/acc/rank1"]] == [(20, 0.5)]
+    assert [v for _, v, _ in got["loss/rank0"]] == pytest.approx([0.1, 0.05])  # built-in
 
 
 def test_tensorboard_export_does_not_import_torch(run: Path) -> None:

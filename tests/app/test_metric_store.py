@@ -130,3 +130,76 @@ def test_a_rank_that_joins_late_and_bad_values_spoil_nothing_else() -> None:
         == 0.02  # rank 1 was not there at step 1
     assert store.total_samples_per_s.last() == 100.0  # rank 1's list counts as missing
     assert len(store.get(7, "loss")) == 0 and 7 not in store.ranks()  # never reported
+
+
+def _script_report(step: int, logged: list[dict | None], total_steps: int | None = None) -> dict:
+    """A script run's metrics message: rank r logged ``logged[r]`` (None: nothing)."""
+    ranks = []
+    for r, scalars in enumerate(logged):
+        entry: dict = {"rank": r, "loss": 2.0 - step / 100, "step_time_s": 0.01,
+                       "device": "cpu"}
+        if scalars is not None:
+            entry["logged"] = scalars
+        ranks.append(entry)
+    return {"type": "metrics", "time": float(step), "step": step, "epoch": 0,
+            "total_steps": total_steps, "ranks": ranks}
+
+
+def test_logged_series_are_kept_per_rank_apart_from_the_built_in_fields() -> None:
+    store = MetricStore()
+    store.add(_script_report(10, [{"lr": 0.1}, {"lr": 0.1}]))
+    store.add(_script_report(20, [{"lr": 0.05, "acc": 0.7, "loss": 9.0},
+                                  {"lr": 0.05, "acc": 0.6, "loss": 8.0}]))
+    store.add(_script_report(30, [{"lr": 0.02}, None]))  # rank 1 logged nothing this time
+    store.add(_script_report(40, [{"acc": 0.8, "bad key!": 1.0, "lr": "x"},
+                                  {"acc": float("nan"), "lr": [1]}]))
+    assert list(store.logged_tables) == ["lr", "acc", "loss"]  # in the order they came
+    lr0 = store.logged(0, "lr")
+    assert list(lr0.x) == [10.0, 20.0, 30.0] and list(lr0.y) == [0.1, 0.05, 0.02]
+    lr1 = store.logged(1, "lr")
+    assert list(lr1.y[:2]) == [0.1, 0.05] and np.isnan(lr1.y[2])  # not logged at step 30
+    acc0, acc1 = store.logged(0, "acc"), store.logged(1, "acc")
+    assert list(acc0.x) == [20.0, 40.0] and list(acc0.y) == [0.7, 0.8]
+    assert acc1.y[0] == 0.6 and np.isnan(acc1.y[1])  # a NaN is not a value
+    # a logged "loss" is its own series: the built-in loss is untouched
+    assert list(store.logged(1, "loss").y) == [8.0]
+    assert list(store.get(1, "loss").y) == pytest.approx([1.9, 1.8, 1.7, 1.6])
+    assert len(store.logged(0, "bad key!")) == 0 and len(store.logged(7, "lr")) == 0
+    # a rank that joins later gets a column of its own in the keys it logs
+    store.add(_script_report(50, [{"acc": 0.9}, {"acc": 0.8}, {"acc": 0.5}]))
+    assert list(store.logged(2, "acc").y[-1:]) == [0.5] and np.isnan(store.logged(2, "acc").y[0])
+    assert len(store.logged(2, "lr")) == 0  # it never logged lr: no column yet
+
+
+def test_logged_series_are_bounded_and_many_ranks_keep_their_spread() -> None:
+    store = MetricStore(capacity=100)
+    for step in range(1, 1001):
+        store.add(_script_report(step, [{"acc": step + r} for r in range(13)]))
+    acc = store.logged(12, "acc")
+    assert len(acc) <= 100 and acc.x[0] < 20 and acc.x[-1] > 950  # the whole run, thinned
+    assert np.array_equal(acc.y, acc.x + 12)
+    assert store.many_ranks
+    lo, mid, hi = store.logged_spread("acc")
+    assert np.array_equal(mid.x, acc.x)
+    assert (lo.last(), mid.last(), hi.last()) == (acc.x[-1], acc.x[-1] + 6, acc.x[-1] + 12)
+    assert len(store.logged_spread("nothing")[1]) == 0
+
+
+def test_unavailable_items_the_latest_event_wins_and_a_script_is_named() -> None:
+    store = MetricStore()
+    store.add({"type": "event", "kind": "run_start", "time": 0.0, "total_steps": None,
+               "steps_per_epoch": None, "world_size": 2, "source": "script",
+               "script": "/home/u/train.py"})
+    assert store.info.script == "/home/u/train.py" and store.info.total_steps is None
+    assert store.unavailable == {}
+    store.add({"type": "event", "kind": "unavailable", "step": 10,
+               "items": {"sync": "hook X cannot be timed", "loss": "no loss"}})
+    assert store.unavailable == {"sync": "hook X cannot be timed", "loss": "no loss"}
+    store.add({"type": "event", "kind": "unavailable", "step": 20, "items": {}})
+    assert store.unavailable == {}
+    store.add({"type": "event", "kind": "unavailable", "step": 30, "items": "garbage"})
+    assert store.unavailable == {}
+    store.add(_script_report(40, [{"acc": 1.0}, None]))
+    assert store.info.total_steps is None and store.eta_s() is None  # unknown length: no ETA
+    store.clear()
+    assert store.logged_tables == {} and store.info.script is None

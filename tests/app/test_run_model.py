@@ -13,10 +13,14 @@ from app.run_model import (
     finished_text,
     parse_remote,
     plural,
+    progress_text,
     restored_form,
     resume_config,
     save_form,
+    steps_text,
     stop_by,
+    unavailable_text,
+    warning_text,
 )
 from ddp_engine.common.config import RunConfig
 
@@ -113,3 +117,33 @@ def test_a_value_the_ranks_refused_is_one_line_not_a_traceback() -> None:
                          "log_rank": 0, "log_tail": ["Traceback (most recent call last):"]})
     assert text.startswith("ranks 0, 1 failed: batch_size: 64 x grad_accum 1 x nproc 2")
     assert "Traceback" not in text and "nothing was trained" in text
+
+
+def test_a_run_of_unknown_length_says_its_step_and_no_eta() -> None:
+    assert steps_text(120, 500) == "step 120/500"
+    assert steps_text(120, None) == "step 120" and steps_text(120, 0) == "step 120"
+    assert steps_text(None, None) == "no step yet"
+    assert progress_text(120, 500, 1, "0:42") == "step 120/500  epoch 1  ETA 0:42"
+    assert progress_text(120, None, 0, "?") == "step 120  (length unknown: no ETA)"
+    assert progress_text(120, None, 3, "?") == "step 120  epoch 3  (length unknown: no ETA)"
+    assert "None" not in progress_text(0, None, 0, "?")
+
+
+def test_what_a_script_run_cannot_show_is_said_in_words() -> None:
+    assert unavailable_text({}) == ""
+    text = unavailable_text({"sync": "the script registered DDP's built-in comm hook "
+                                     "FP16_COMPRESS, which cannot be timed from Python",
+                             "loss": "no one-element tensor was passed to backward()",
+                             "new_thing": "why"}, "/home/u/train.py")
+    assert text == ("Not measured for train.py: gradient sync timing (the script registered "
+                    "DDP's built-in comm hook FP16_COMPRESS, which cannot be timed from Python)"
+                    "; the loss (no one-element tensor was passed to backward()); new_thing "
+                    "(why)")
+    assert unavailable_text({"samples": "no DDP"}).startswith(
+        "Not measured for this script: throughput (samples/s) and forward time (no DDP)")
+
+
+def test_the_latest_warning_says_how_many_came_before() -> None:
+    assert warning_text(None, 0) is None
+    assert warning_text({"message": "loss spike at step 40"}, 1) == "warning: loss spike at step 40"
+    assert warning_text({}, 3) == "warning: no message (2 earlier warnings)"

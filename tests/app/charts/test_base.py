@@ -230,3 +230,38 @@ def test_an_empty_chart_shows_no_empty_legend_box(qtbot) -> None:
     chart.legend_wanted = False  # Compare names its runs in a caption instead
     chart.set_data("rank 0", np.arange(10.0), np.ones(10), "#1f77b4")
     assert not chart.legend.isVisible()
+
+
+def test_an_unlinked_chart_no_longer_follows_its_leader(qtbot) -> None:
+    leader, follower = shown_chart(qtbot), shown_chart(qtbot)
+    follower.link_x(leader)
+    leader.view.setXRange(10.0, 20.0, padding=0)
+    assert follower.view.viewRange()[0] == [10.0, 20.0]
+    follower.unlink_x()
+    assert follower.x_master is None
+    leader.view.setXRange(30.0, 40.0, padding=0)
+    assert follower.view.viewRange()[0] == [10.0, 20.0]
+    follower.unlink_x()  # twice: nothing to undo
+
+
+def test_a_note_says_why_a_chart_is_empty_inside_the_plot_and_is_no_data(qtbot) -> None:
+    chart = shown_chart(qtbot, 400, 300)
+    assert chart.note() == ""
+    chart.set_note("Not measured for this script: a reason long enough to wrap over the "
+                   "width of a small chart, twice or more")
+    assert chart.note().startswith("Not measured for this script: a reason")
+    note = chart._note
+    assert note is not None and note.isVisible()
+    view = chart.view.rect()
+    assert note.x() > 0 and note.x() + note.boundingRect().width() <= view.width()  # wrapped
+    assert 0 < note.y() < view.height() / 2
+    chart.set_data("rank 0", np.arange(10.0), np.arange(10.0) + 100, "#1f77b4")
+    assert not chart.legend.isVisible()  # it would lie over the note
+    chart.settle()
+    (x_lo, x_hi), (lo, hi) = chart.view.viewRange()
+    assert x_lo > -1 and x_hi < 11 and lo > 98 and hi < 112  # the note is not in the range
+    chart.resize(800, 300)
+    qtbot.waitUntil(lambda: chart.view.rect().width() > 600, timeout=2000)
+    assert note.boundingRect().width() > 500  # wrapped to the new width
+    chart.set_note("")
+    assert chart.note() == "" and not note.isVisible() and chart.legend.isVisible()

@@ -159,3 +159,35 @@ def test_a_loss_spike_warning_marks_its_step_on_the_loss_chart_and_says_it(qtbot
                      "message": "m", "cause": "loss_spike"}])
     dash.redraw(budget_s=None)
     assert [m.value() for m in chart.marks] == [5]
+
+
+def test_a_logged_panel_draws_each_rank_that_logged_or_the_spread_of_many(qtbot) -> None:
+    from app.charts.panels import LoggedPanel
+    from app.metric_store import MetricStore
+
+    store = MetricStore()
+    for step in (10, 20, 30):
+        rows = rank_rows(2, step)
+        rows[0]["logged"] = {"acc": step / 100}
+        if step != 20:  # rank 1 skipped a report: its curve joins the two it has
+            rows[1]["logged"] = {"acc": step / 50}
+        store.add({"type": "metrics", "time": float(step), "step": step, "ranks": rows})
+    panel = LoggedPanel("acc")
+    qtbot.addWidget(panel)
+    panel.redraw(store)
+    assert panel.chart.getPlotItem().titleLabel.text == "acc"
+    x, y = panel.chart.curves["rank 1"].getData()
+    assert list(x) == [10.0, 30.0] and list(y) == pytest.approx([0.2, 0.6])
+    assert list(panel.chart.curves["rank 0"].getData()[1]) == pytest.approx([0.1, 0.2, 0.3])
+
+    many = MetricStore()
+    rows = rank_rows(12, 10)
+    for r, row in enumerate(rows):
+        row["logged"] = {"acc": float(r)}
+    many.add({"type": "metrics", "time": 1.0, "step": 10, "ranks": rows})
+    spread = LoggedPanel("acc")
+    qtbot.addWidget(spread)
+    spread.redraw(many)
+    assert sorted(spread.chart.curves) == ["12 ranks max", "12 ranks median", "12 ranks min"]
+    assert [float(spread.chart.curves[f"12 ranks {s}"].getData()[1][0])
+            for s in ("min", "median", "max")] == [0.0, 5.5, 11.0]

@@ -1,4 +1,5 @@
-"""The window's dialogs: attach to a remote rank 0, and what to do with a run on closing."""
+"""The window's dialogs: attach to a remote rank 0, what to do with a run on closing, and the
+launch form's presets (a menu, and Load/Save preset... with their file dialogs)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,24 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QDockWidget,
+    QFileDialog,
     QFormLayout,
+    QHBoxLayout,
     QLabel,
     QLineEdit,
     QMainWindow,
     QMessageBox,
+    QPushButton,
     QWidget,
 )
 
+from app.desktop import default_presets
 from app.run_model import parse_remote
+from ddp_engine.common.config import ConfigError
 
 BAD_FIELD_STYLE = "border: 1px solid #d62728;"
 
@@ -40,10 +47,7 @@ class RemoteAttachDialog(QDialog):
         self.token.setObjectName("remote_token")
         self.token.setEchoMode(QLineEdit.EchoMode.Password)
         self.token.setPlaceholderText('"token" of RUN_DIR/monitor.json on rank 0\'s machine')
-        self.error = QLabel("")
-        self.error.setObjectName("remote_error")
-        self.error.setWordWrap(True)
-        self.error.setStyleSheet("color: #d62728;")
+        self.error = error_label("remote_error")
         hint = QLabel("Forward rank 0's telemetry port first, e.g. "
                       "<code>ssh -L 29600:127.0.0.1:29600 node0</code> for a run started "
                       "with <code>--monitor-port 29600</code>.")
@@ -79,6 +83,15 @@ class RemoteAttachDialog(QDialog):
             return
         self.error.setText("")
         super().accept()
+
+
+def error_label(name: str) -> QLabel:
+    """An empty, word-wrapped, red label named ``name``: where a bad value's reason goes."""
+    label = QLabel("")
+    label.setObjectName(name)
+    label.setWordWrap(True)
+    label.setStyleSheet("color: #d62728;")
+    return label
 
 
 def ask_about_active_run(parent: QWidget) -> str:
@@ -153,3 +166,61 @@ def action(parent: QWidget, text: str, shortcut: str | None,
         item.setShortcut(QKeySequence(shortcut))
     item.triggered.connect(lambda _checked=False: slot())
     return item
+
+
+class Presets:
+    """The launch form's presets: ``menu``, Rankscope's own (choosing one loads it), and the
+    ``buttons`` Load preset... and Save preset... (TOML files of the user's own). ``load`` and
+    ``save`` take a path and do the work; what goes wrong there is said through ``say``."""
+
+    def __init__(self, parent: QWidget, load: Callable[[str], None],
+                 save: Callable[[str], None], say: Callable[[str], None]) -> None:
+        self.parent, self.load, self.save, self.say = parent, load, save, say
+        self.menu = QComboBox()
+        self.menu.setObjectName("presets")
+        self.menu.setToolTip("fill the form with one of Rankscope's presets (the runs folder "
+                             "stays as it is)")
+        # Sized by a short text, not the longest title (the popup shows the titles whole).
+        self.menu.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.menu.setMinimumContentsLength(12)
+        self.menu.addItem("Presets...")
+        for preset in default_presets():
+            self.menu.addItem(preset.title, str(preset.path))
+        self.menu.activated.connect(self._chosen)
+        self.save_button = QPushButton("Save preset...")
+        self.load_button = QPushButton("Load preset...")
+        self.buttons = QHBoxLayout()
+        self.buttons.addWidget(self.load_button)
+        self.buttons.addWidget(self.save_button)
+        self.save_button.clicked.connect(self._save_dialog)
+        self.load_button.clicked.connect(self._load_dialog)
+
+    def _chosen(self, index: int) -> None:
+        path = self.menu.itemData(index)
+        self.menu.setCurrentIndex(0)  # a menu of presets, not a state of the form
+        if path:
+            self._load(path)
+
+    def _load(self, path: str) -> None:
+        try:
+            self.load(path)
+        except ConfigError as e:
+            self.say(str(e))
+
+    def _save_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self.parent, "Save preset",
+                                              str(save_folder(self.parent) / "run.toml"),
+                                              "TOML (*.toml)")
+        if path:
+            try:
+                self.save(path)
+                tell(self.parent, f"preset saved to {path}")
+            except (ConfigError, OSError) as e:
+                self.say(f"not saved: {e}")
+
+    def _load_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self.parent, "Load preset",
+                                              str(save_folder(self.parent)), "TOML (*.toml)")
+        if path:
+            self._load(path)

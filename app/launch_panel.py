@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,8 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
-    QFileDialog,
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
     QLineEdit,
     QPushButton,
@@ -22,25 +21,30 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop import default_presets
 from app.devices import DevicePicker
-from app.dialogs import save_folder, tell
-from app.spec_field import CUSTOM, SpecField
+from app.dialogs import Presets, error_label
+from app.run_model import resume_config
+from app.spec_field import BUILTIN, CUSTOM, SCRIPT, ScriptFields, SourceSwitch, SpecField
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
 from ddp_engine.common.config_values import (
     BUILTIN_DATASETS,
+    BUILTIN_LOOP_ONLY,
     BUILTIN_LOSSES,
     BUILTIN_MODELS,
+    LR_SCHEDULES,
     OPTIMIZERS,
     PRECISIONS,
 )
 from ddp_engine.common.gpus import GpuInfo
 from ddp_engine.common.machine_checks import check_environment
+from ddp_engine.common.run_dir import CONFIG_FILE, read_json
 
 DATASET_CHOICES = [*BUILTIN_DATASETS, "text file...", "image folder...", CUSTOM]
 ERROR_STYLE = "border: 1px solid #d62728; background: #fff0f0;"
 DEFAULT_MAX_STEPS = 200
+BUILTIN_ONLY = ("model", "dataset", "loss", "model_args", "dataset_args", *BUILTIN_LOOP_ONLY)
+"""RunConfig keys a script run leaves at their defaults (RunConfig refuses them otherwise)."""
 
 
 class LaunchPanel(QWidget):
@@ -56,15 +60,28 @@ class LaunchPanel(QWidget):
         # Fields the form does not show (model_args, eval_every, ...) from a preset or a resumed
         # run's config: kept as they were, so nothing the user set is lost.
         self._extra: dict[str, Any] = {}
+        self.source = SourceSwitch()
         self.model = SpecField("model", [*BUILTIN_MODELS, CUSTOM], {CUSTOM: ""})
         self.dataset = SpecField("dataset", DATASET_CHOICES,
                                  {"text file...": "text:", "image folder...": "imagefolder:",
                                   CUSTOM: ""})
         self.loss = SpecField("loss", [*BUILTIN_LOSSES, CUSTOM], {CUSTOM: ""})
-        self.max_steps = self._spin("max_steps", 0, 10**9, DEFAULT_MAX_STEPS, "0: no limit")
+        self.script_fields = ScriptFields()
+        self.script = self.script_fields.script
+        self.script_args = self.script_fields.args
+        self.script_cwd = self.script_fields.cwd
+        self.max_steps = self._spin("max_steps", 0, 10**9, DEFAULT_MAX_STEPS,
+                                    "0: no limit; a script stops after this many steps")
+        self._steps = {BUILTIN: DEFAULT_MAX_STEPS, SCRIPT: 0}  # each source's own max steps
         self.epochs = self._spin("epochs", 0, 10**6, 0, "0: no limit (1 if max steps is 0)")
         self.batch_size = self._spin("batch_size", 0, 10**6, 32)
         self.lr = QLineEdit("0.001")
+        self.lr_schedule = QComboBox()
+        self.lr_schedule.addItems(LR_SCHEDULES)
+        self.lr_schedule.setToolTip("constant; cosine or linear to 0; step: x0.1 at half and "
+                                    "at three quarters of the steps (after the warm-up)")
+        self.warmup_steps = self._spin("warmup_steps", 0, 10**9, 0,
+                                       "steps of linear learning-rate warm-up from 0")
         self.optimizer = QComboBox()
         self.optimizer.addItems(OPTIMIZERS)
         self.optimizer.setCurrentText("adamw")
@@ -75,8 +92,8 @@ class LaunchPanel(QWidget):
         self.seed = self._spin("seed", 0, 2**31 - 1, 0)
         self.name = QLineEdit()
         self.name.setPlaceholderText("<model>-<dataset>")
-        self.name.setToolTip("the run folder's name; empty: automatic, <model>-<dataset> and "
-                             "the start time")
+        self.name.setToolTip("the run folder's name; empty: automatic, <model>-<dataset> (a "
+                             "script's name for a script) and the start time")
         self.runs_dir = QLineEdit(runs_dir)
         self.runs_dir.editingFinished.connect(
             lambda: self.runs_dir_changed.emit(self.runs_dir.text().strip()))
@@ -91,36 +108,44 @@ class LaunchPanel(QWidget):
         self.rdzv_endpoint.setToolTip("torchrun's c10d rendezvous: this machine's address, "
                                       "reachable from every node, and a free port")
         for key, widget in (("model", self.model), ("dataset", self.dataset),
-                            ("loss", self.loss), ("lr", self.lr), ("optimizer", self.optimizer),
-                            ("precision", self.precision), ("name", self.name),
-                            ("runs_dir", self.runs_dir), ("resume", self.resume),
-                            ("nproc", self.devices.count),
+                            ("loss", self.loss), ("script", self.script),
+                            ("script_args", self.script_args), ("script_cwd", self.script_cwd),
+                            ("lr", self.lr), ("lr_schedule", self.lr_schedule),
+                            ("optimizer", self.optimizer), ("precision", self.precision),
+                            ("name", self.name), ("runs_dir", self.runs_dir),
+                            ("resume", self.resume), ("nproc", self.devices.count),
                             ("gpus", self.devices.table), ("device", self.devices),
                             ("rdzv_endpoint", self.rdzv_endpoint)):
             widget.setObjectName(key)
             self.fields[key] = widget
 
         form = QFormLayout()
-        form.addRow("Model", self.model)
-        form.addRow("Dataset", self.dataset)
-        form.addRow("Loss", self.loss)
-        form.addRow("Max steps", self.max_steps)
-        form.addRow("Epochs", self.epochs)
-        form.addRow("Batch size / device", self.batch_size)
-        form.addRow("Learning rate", self.lr)
-        form.addRow("Optimizer", self.optimizer)
-        form.addRow("Precision", self.precision)
-        form.addRow("Grad. accumulation", self.grad_accum)
-        form.addRow("Checkpoint every", self.checkpoint_every)
-        form.addRow("Seed", self.seed)
-        form.addRow("Run name", self.name)
-        form.addRow("Runs folder", self.runs_dir)
-        form.addRow("Resume from", self.resume)
+        rows = (("Source", self.source), ("Model", self.model), ("Dataset", self.dataset),
+                ("Loss", self.loss), *self.script_fields.rows(),
+                ("Max steps", self.max_steps), ("Epochs", self.epochs),
+                ("Batch size / device", self.batch_size), ("Learning rate", self.lr),
+                ("LR schedule", self.lr_schedule), ("Warm-up steps", self.warmup_steps),
+                ("Optimizer", self.optimizer), ("Precision", self.precision),
+                ("Grad. accumulation", self.grad_accum),
+                ("Checkpoint every", self.checkpoint_every), ("Seed", self.seed),
+                ("Run name", self.name), ("Runs folder", self.runs_dir),
+                ("Resume from", self.resume))
+        for label, widget in rows:
+            if label:
+                form.addRow(label, widget)
+            else:  # a note across the whole row
+                form.addRow(widget)
+        self._training = form
+        # The rows of one source only; the rest (devices, max steps, names...) are for both.
+        self._builtin_rows: list[QWidget] = [
+            self.model, self.dataset, self.loss, self.epochs, self.batch_size, self.lr,
+            self.lr_schedule, self.warmup_steps, self.optimizer, self.precision,
+            self.grad_accum, self.checkpoint_every, self.seed, self.resume]
+        self._script_rows = [widget for _label, widget in self.script_fields.rows()]
         training = QGroupBox("Training")
         training.setLayout(form)
         devices = QGroupBox("Devices")
-        dl = QVBoxLayout(devices)
-        dl.addWidget(self.devices)
+        QVBoxLayout(devices).addWidget(self.devices)
         nodes = QGroupBox("Nodes")
         nodes_form = QFormLayout(nodes)
         nodes_form.addRow("Nodes", self.nnodes)
@@ -134,88 +159,108 @@ class LaunchPanel(QWidget):
         self.cluster_scripts.setToolTip("each node's torchrun command, or a SLURM batch script, "
                                         "for this config")
         nodes_form.addRow(self.cluster_scripts)
-        self.error = QLabel("")
-        self.error.setObjectName("error")
-        self.error.setWordWrap(True)
-        self.error.setStyleSheet("color: #d62728;")
+        self.error = error_label("error")
         # The reason for a bad value, in the row under its field (the bottom line above keeps
         # the same text, and shows it only for a value no row of the form holds).
-        self.field_error = QLabel("")
-        self.field_error.setObjectName("field_error")
-        self.field_error.setWordWrap(True)
-        self.field_error.setStyleSheet("color: #d62728;")
+        self.field_error = error_label("field_error")
         self._forms = [form, nodes_form]
         for f in self._forms:  # a narrow panel puts a field under its label, never cut off
             f.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
             f.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self._field_error_in: QFormLayout | None = None
-        self.presets = QComboBox()
-        self.presets.setObjectName("presets")
-        self.presets.setToolTip("fill the form with one of Rankscope's presets (the runs "
-                                "folder stays as it is)")
-        # Sized by a short text, not the longest title (the popup shows the titles whole).
-        self.presets.setSizeAdjustPolicy(
-            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.presets.setMinimumContentsLength(12)
-        self.presets.addItem("Presets...")
-        for preset in default_presets():
-            self.presets.addItem(preset.title, str(preset.path))
-        self.presets.activated.connect(self._preset_chosen)
-        self.save_preset = QPushButton("Save preset...")
-        self.load_preset = QPushButton("Load preset...")
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.load_preset)
-        buttons.addWidget(self.save_preset)
+        self._presets = Presets(self, self.load_preset_from, self.save_preset_to,
+                                self.error.setText)
+        self.presets = self._presets.menu
+        self.save_preset = self._presets.save_button
+        self.load_preset = self._presets.load_button
         layout = QVBoxLayout(self)
         layout.addWidget(self.presets)
         layout.addWidget(training)
         layout.addWidget(devices)
         layout.addWidget(nodes)
         layout.addWidget(self.error)
-        layout.addLayout(buttons)
+        layout.addLayout(self._presets.buttons)
         layout.addStretch(1)
-        self.save_preset.clicked.connect(self._save_preset_dialog)
-        self.load_preset.clicked.connect(self._load_preset_dialog)
         self.cluster_scripts.clicked.connect(self.open_cluster_dialog)
 
-        for w in (self.model, self.dataset, self.loss, self.devices):
+        for w in (self.model, self.dataset, self.loss, self.devices, self.script,
+                  self.script_cwd):
             w.changed.connect(self.validate)
-        for line in (self.lr, self.name, self.runs_dir, self.resume, self.rdzv_endpoint):
+        for line in (self.lr, self.name, self.runs_dir, self.resume, self.rdzv_endpoint,
+                     self.script_args):
             line.textChanged.connect(self.validate)
-        for combo in (self.optimizer, self.precision):
+        for combo in (self.optimizer, self.precision, self.lr_schedule):
             combo.currentTextChanged.connect(self.validate)
         self.valid = False
         self.last_error: str | None = None
-        self.validate()
+        self._tips = {key: w.toolTip() for key, w in self.fields.items()}  # after a bad value
+        self._shown_source = BUILTIN
+        self._show_source()
+        self.source.changed.connect(self._show_source)
 
     def _spin(self, key: str, lo: int, hi: int, value: int, tip: str = "") -> QSpinBox:
         spin = QSpinBox()
         spin.setObjectName(key)
         spin.setRange(lo, hi)
         spin.setValue(value)
-        if tip:
-            spin.setToolTip(tip)
+        spin.setToolTip(tip)
         spin.valueChanged.connect(lambda _v: self.validate())
         self.fields[key] = spin
         return spin
 
+    # ------------------------------------------------------------------------- source
+    def _show_source(self) -> None:
+        """Show the rows of the chosen source only (the others keep their values), and its max
+        steps (a script's own end by default)."""
+        source, before = self.source.value(), self._shown_source
+        self._steps[before] = self.max_steps.value()
+        self._shown_source = source
+        if source != before:
+            self.max_steps.setValue(self._steps[source])
+        script = source == SCRIPT
+        for widget in self._builtin_rows:
+            self._training.setRowVisible(widget, not script)
+        for widget in self._script_rows:
+            self._training.setRowVisible(widget, script)
+        self.validate()
+
     # ------------------------------------------------------------------------- form <-> dict
     def values(self) -> dict[str, Any]:
-        """The form as RunConfig keys (values may be invalid: see :meth:`config`)."""
+        """The form as RunConfig keys (values may be invalid: see :meth:`config`).
+
+        Raises:
+            ConfigError: the script's arguments do not split as a shell would split them.
+        """
+        out = self._shared_values()
+        if self.source.value() == SCRIPT:
+            out.update(self.script_fields.values())
+        else:
+            out.update(self._builtin_values())
+        return out
+
+    def _builtin_values(self) -> dict[str, Any]:
         lr_text = self.lr.text().strip()
         try:
             lr: Any = float(lr_text)
         except ValueError:
             lr = lr_text
-        out: dict[str, Any] = {
+        return {
             "model": self.model.value(), "dataset": self.dataset.value(),
-            "loss": self.loss.value(), "max_steps": self.max_steps.value() or None,
-            "epochs": self.epochs.value() or None, "batch_size": self.batch_size.value(),
-            "lr": lr, "optimizer": self.optimizer.currentText(),
+            "loss": self.loss.value(), "epochs": self.epochs.value() or None,
+            "batch_size": self.batch_size.value(), "lr": lr,
+            "lr_schedule": self.lr_schedule.currentText(),
+            "warmup_steps": self.warmup_steps.value(), "optimizer": self.optimizer.currentText(),
             "precision": self.precision.currentText(), "grad_accum": self.grad_accum.value(),
             "checkpoint_every": self.checkpoint_every.value(), "seed": self.seed.value(),
+            "resume": self.resume.text().strip() or None,
+        }
+
+    def _shared_values(self) -> dict[str, Any]:
+        """The fields of both sources."""
+        out: dict[str, Any] = {
+            "max_steps": self.max_steps.value() or None,
             "name": self.name.text().strip() or None, "runs_dir": self.runs_dir.text().strip(),
-            "resume": self.resume.text().strip() or None, "nnodes": self.nnodes.value(),
+            "nnodes": self.nnodes.value(),
             "rdzv_endpoint": (self.rdzv_endpoint.text().strip() or None
                               if self.nnodes.value() > 1 else None),  # disabled: not used
         }
@@ -223,35 +268,48 @@ class LaunchPanel(QWidget):
         return out
 
     def set_config(self, cfg: RunConfig) -> None:
-        """Fill the form from a config (a preset, or the last settings)."""
-        self.model.set_value(cfg.model)
-        self.dataset.set_value(cfg.dataset)
-        self.loss.set_value(cfg.loss)
+        """Fill the form from a config (a preset, the last settings, a run to resume). The
+        fields of the other source keep what they hold (a script run's built-in fields are
+        all defaults, and the other way round)."""
+        self.source.set_value(SCRIPT if cfg.script else BUILTIN)
+        if cfg.script:
+            self.script_fields.set_config(cfg)
+        else:
+            self._set_builtin(cfg)
         self.max_steps.setValue(cfg.max_steps or 0)
-        self.epochs.setValue(cfg.epochs or 0)
-        self.batch_size.setValue(cfg.batch_size)
-        self.lr.setText(repr(cfg.lr))
-        self.optimizer.setCurrentText(cfg.optimizer)
-        self.precision.setCurrentText(cfg.precision)
-        self.grad_accum.setValue(cfg.grad_accum)
-        self.checkpoint_every.setValue(cfg.checkpoint_every)
-        self.seed.setValue(cfg.seed)
         self.name.setText(cfg.name or "")
         if self.runs_dir.text().strip() != cfg.runs_dir:
             self.runs_dir.setText(cfg.runs_dir)
             self.runs_dir_changed.emit(cfg.runs_dir)
-        self.resume.setText(cfg.resume or "")
         self.nnodes.setValue(cfg.nnodes)
         self.rdzv_endpoint.setText(cfg.rdzv_endpoint or "")
         # node_rank: a launch from here is node 0 (the other nodes start from their scripts)
-        shown = set(self.values()) | {"device", "nproc", "gpus", "run_dir", "dry_run",
-                                      "node_rank"}
-        self._extra = {k: v for k, v in cfg.to_dict().items() if k not in shown}
+        shown = {*self._shared_values(), *self._builtin_values(), "script", "script_args",
+                 "script_cwd", "device", "nproc", "gpus", "run_dir", "dry_run", "node_rank"}
+        kept = {k: v for k, v in self._extra.items() if cfg.script and k in BUILTIN_ONLY}
+        self._extra = {k: v for k, v in cfg.to_dict().items()
+                       if k not in shown and k not in kept} | kept
         if self.devices.has_gpus:
             self.devices.set_gpus(cfg.gpus)
         elif cfg.nproc:
             self.devices.count.setValue(min(cfg.nproc, self.devices.count.maximum()))
         self.validate()
+
+    def _set_builtin(self, cfg: RunConfig) -> None:
+        self.model.set_value(cfg.model)
+        self.dataset.set_value(cfg.dataset)
+        self.loss.set_value(cfg.loss)
+        self.epochs.setValue(cfg.epochs or 0)
+        self.batch_size.setValue(cfg.batch_size)
+        self.lr.setText(repr(cfg.lr))
+        self.lr_schedule.setCurrentText(cfg.lr_schedule)
+        self.warmup_steps.setValue(cfg.warmup_steps)
+        self.optimizer.setCurrentText(cfg.optimizer)
+        self.precision.setCurrentText(cfg.precision)
+        self.grad_accum.setValue(cfg.grad_accum)
+        self.checkpoint_every.setValue(cfg.checkpoint_every)
+        self.seed.setValue(cfg.seed)
+        self.resume.setText(cfg.resume or "")
 
     def config(self) -> RunConfig:
         """The validated config.
@@ -259,21 +317,27 @@ class LaunchPanel(QWidget):
         Raises:
             ConfigError: the first problem, naming the field.
         """
-        data = {**self.values(), **self._extra}
+        data = {**self.values(), **self._config_extra()}
         cfg = RunConfig.from_dict(data, source="form")
         check_environment(cfg, gpu_count=len(self.devices.gpus), cpu_count=self.devices.cpus)
         if cfg.device == "cuda" and not cfg.gpus:
             raise ConfigError("gpus: choose at least one GPU")
         return cfg
 
+    def _config_extra(self) -> dict[str, Any]:
+        """The fields the form does not show, less the built-in loop's for a script."""
+        if self.source.value() == SCRIPT:
+            return {k: v for k, v in self._extra.items() if k not in BUILTIN_ONLY}
+        return self._extra
+
     # ------------------------------------------------------------------------- validation
     def validate(self) -> bool:
         self.rdzv_endpoint.setEnabled(self.nnodes.value() > 1)
-        for w in self.fields.values():
+        for key, w in self.fields.items():
             w.setStyleSheet("")
-            w.setToolTip("")
+            w.setToolTip(self._tips.get(key, ""))
         try:
-            self.config()
+            cfg = self.config()
         except ConfigError as e:
             message = str(e)
             key = _field_of(message, self.fields)
@@ -284,12 +348,21 @@ class LaunchPanel(QWidget):
             self.error.setVisible(not self._show_under(self.fields.get(key or ""), message))
             self.last_error = message
             self._set_valid(False)
+            self._name_hint(None)
             return False
+        self._name_hint(cfg)
         self.error.setText("")
         self._show_under(None, "")
         self.last_error = None
         self._set_valid(True)
         return True
+
+    def _name_hint(self, cfg: RunConfig | None) -> None:
+        """The run name's placeholder: a script run's default name is the script's."""
+        self.name.setPlaceholderText(
+            "<model>-<dataset>" if self.source.value() == BUILTIN
+            else dataclasses.replace(cfg, name=None).default_name() if cfg is not None
+            else "<the script's name>")
 
     def _show_under(self, field: QWidget | None, message: str) -> bool:
         """Put ``message`` in a row under ``field`` (None: take the row away). False when no
@@ -309,8 +382,7 @@ class LaunchPanel(QWidget):
         return False
 
     def _set_valid(self, valid: bool) -> None:
-        if valid != self.valid:
-            self.valid = valid
+        self.valid = valid
         self.validity_changed.emit(valid)
 
     def open_cluster_dialog(self) -> QDialog | None:
@@ -318,7 +390,7 @@ class LaunchPanel(QWidget):
         from app.cluster_dialog import ClusterDialog
 
         try:
-            cfg = RunConfig.from_dict({**self.values(), **self._extra, "nnodes": 1,
+            cfg = RunConfig.from_dict({**self.values(), **self._config_extra(), "nnodes": 1,
                                        "rdzv_endpoint": None}, source="form")
         except ConfigError as e:
             self.error.setText(f"no cluster scripts: {e}")
@@ -344,47 +416,34 @@ class LaunchPanel(QWidget):
         data.setdefault("runs_dir", self.runs_dir.text().strip() or "runs")
         self.set_config(RunConfig.from_dict(data, source=f"preset {path}"))
 
-    def _preset_chosen(self, index: int) -> None:
-        path = self.presets.itemData(index)
-        self.presets.setCurrentIndex(0)  # a menu of presets, not a state of the form
-        if path:
-            try:
-                self.load_preset_from(path)
-            except ConfigError as e:
-                self.error.setText(str(e))
-
-    def _save_preset_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save preset",
-                                              str(save_folder(self) / "run.toml"),
-                                              "TOML (*.toml)")
-        if path:
-            try:
-                self.save_preset_to(path)
-                tell(self, f"preset saved to {path}")
-            except (ConfigError, OSError) as e:
-                self.error.setText(f"not saved: {e}")
-
-    def _load_preset_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Load preset", str(save_folder(self)),
-                                              "TOML (*.toml)")
-        if path:
-            try:
-                self.load_preset_from(path)
-            except ConfigError as e:
-                self.error.setText(str(e))
-
 
 def _field_of(message: str, fields: dict[str, QWidget]) -> str | None:
     """The field a ConfigError message is about: messages start with the field's name."""
     m = re.match(r"^([a-z_]+)", message)
-    if not m:
-        return None
-    key = m.group(1)
-    if key in fields:
-        return key
-    if key in ("model_args",):
-        return "model"
-    if key in ("dataset_args",):
-        return "dataset"
-    return None
+    key = m.group(1) if m else ""
+    key = {"model_args": "model", "dataset_args": "dataset"}.get(key, key)
+    return key if key in fields else None
 
+
+def refill_config(path: Path, runs_dir: Path) -> tuple[RunConfig, str]:
+    """The config Resume... puts in the form for the run in ``path``, and the line that says
+    so: a built-in run resumes from its last checkpoint (:func:`app.run_model.resume_config`);
+    a script run is run again as a new run (only a script can load its own checkpoints).
+
+    Raises:
+        ValueError: why not (no config, a config that no longer validates, ...).
+    """
+    data = read_json(path / CONFIG_FILE)
+    if not (isinstance(data, dict) and data.get("script")):
+        return resume_config(path, runs_dir)
+    try:
+        cfg = RunConfig.from_dict(data, source=str(path / CONFIG_FILE))
+    except ConfigError as e:
+        raise ValueError(f"cannot run {path.name} again: {e}") from None
+    cfg = dataclasses.replace(cfg, run_dir=None, dry_run=False, runs_dir=str(runs_dir))
+    ckpt = path / "checkpoints" / "last.pt"
+    kept = (f"; its model at the stop is in {ckpt}: pass that to the script's arguments if it "
+            "can load one" if ckpt.is_file() else "")
+    return cfg, (f"{path.name} ran your script {Path(cfg.script or '').name}: it is in the form "
+                 f"with its arguments, to run again as a new run{kept}; edit if needed, then "
+                 "Start (F5)")

@@ -28,7 +28,7 @@ from app.dialogs import (
     dock_toggle,
     warn,
 )
-from app.launch_panel import LaunchPanel
+from app.launch_panel import LaunchPanel, refill_config
 from app.logs_view import LogsView
 from app.metric_store import MetricStore
 from app.run_controller import RunController
@@ -43,7 +43,6 @@ from app.run_model import (
     record_text,
     remote_refusal,
     restored_form,
-    resume_config,
     save_form,
 )
 from app.runs_panel import RunsPanel
@@ -369,10 +368,10 @@ class MainWindow(QMainWindow):
 
     def resume_from(self, path: Path | str) -> RunConfig | None:
         """Fill the launch form with a stopped or failed run's config, resuming from its last
-        checkpoint into a new run folder (linked to this one); the user edits and presses
-        Start."""
+        checkpoint into a new run folder (linked to this one), or a script run's to run again;
+        the user edits and presses Start."""
         try:
-            cfg, text = resume_config(Path(path).resolve(), Path(self.runs.runs_dir))
+            cfg, text = refill_config(Path(path).resolve(), Path(self.runs.runs_dir))
         except ValueError as e:
             self.message_label.setText(str(e))
             return None

@@ -1,19 +1,71 @@
-"""A launch-form field for a model, dataset or loss: a built-in name, or a path or FILE.py:FUNC."""
+"""Launch-form fields: a path typed or chosen (:class:`PathField`); a model, dataset or loss
+(:class:`SpecField`): a built-in name, or a path or FILE.py:FUNC; what to train
+(:class:`SourceSwitch`) and the rows of a user's own script (:class:`ScriptFields`)."""
 
 from __future__ import annotations
 
+import shlex
+from typing import Any
+
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
+    QButtonGroup,
     QComboBox,
     QFileDialog,
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QPushButton,
+    QRadioButton,
     QVBoxLayout,
     QWidget,
 )
 
+from ddp_engine.common.config import ConfigError, RunConfig
+
 CUSTOM = "Custom..."
+BUILTIN, SCRIPT = "builtin", "script"
+"""The form's sources of what to train: Rankscope's own loop, or the user's own script."""
+
+
+class PathField(QWidget):
+    """A path: typed in the line, or chosen with the "..." button beside it (a file, or a
+    folder when ``folder``; a chosen ``.py`` file gets ``py_suffix`` appended)."""
+
+    changed = Signal()
+
+    def __init__(self, name: str, *, folder: bool = False, file_filter: str = "",
+                 placeholder: str = "") -> None:
+        super().__init__()
+        self.setObjectName(name)
+        self.folder = folder
+        self.file_filter = file_filter
+        self.py_suffix = ""
+        self.path = QLineEdit()
+        self.path.setObjectName(f"{name}_path")
+        self.path.setPlaceholderText(placeholder)
+        self.browse = QPushButton("...")
+        self.browse.setObjectName(f"{name}_browse")
+        self.browse.setFixedWidth(30)
+        self.browse.setToolTip("choose a folder" if folder else "choose a file")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.path, 1)
+        row.addWidget(self.browse)
+        self.path.textChanged.connect(lambda _t: self.changed.emit())
+        self.browse.clicked.connect(self._pick)
+
+    def _pick(self) -> None:
+        start = self.path.text().strip()
+        if self.folder:
+            path = QFileDialog.getExistingDirectory(self, "Choose a folder", start)
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, "Choose a file", start, self.file_filter)
+        if path:
+            self.path.setText(f"{path}{self.py_suffix}" if path.endswith(".py") else path)
+
+    def value(self) -> str:
+        return self.path.text().strip()
 
 
 class SpecField(QWidget):
@@ -28,43 +80,29 @@ class SpecField(QWidget):
         self.combo = QComboBox()
         self.combo.setObjectName(f"{name}_combo")
         self.combo.addItems(choices)
-        self.path = QLineEdit()
-        self.path.setObjectName(f"{name}_path")
-        self.browse = QPushButton("...")
-        self.browse.setFixedWidth(30)
+        self.where = PathField(name)
+        self.where.setObjectName(f"{name}_where")
+        self.path = self.where.path
+        self.browse = self.where.browse
         # The path on a line of its own under the combo: the field's whole width for it, in a
         # narrow form too (beside the combo it was a few characters wide).
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
         layout.addWidget(self.combo)
-        row = QHBoxLayout()
-        row.addWidget(self.path, 1)
-        row.addWidget(self.browse)
-        layout.addLayout(row)
+        layout.addWidget(self.where)
         self.combo.currentTextChanged.connect(self._update)
-        self.path.textChanged.connect(lambda _t: self.changed.emit())
-        self.browse.clicked.connect(self._pick)
+        self.where.changed.connect(self.changed.emit)
         self._update()
 
     def _update(self) -> None:
         choice = self.combo.currentText()
-        needs_path = choice in self.path_choices
-        self.path.setVisible(needs_path)
-        self.browse.setVisible(needs_path)
+        self.where.setVisible(choice in self.path_choices)
+        self.where.folder = choice == "image folder..."
+        self.where.py_suffix = ":build" if choice == CUSTOM else ""
         self.path.setPlaceholderText("FILE.py:FUNC or package.module:FUNC" if choice == CUSTOM
                                      else "path")
         self.changed.emit()
-
-    def _pick(self) -> None:
-        choice = self.combo.currentText()
-        if choice == "image folder...":
-            path = QFileDialog.getExistingDirectory(self, "Image folder")
-        else:
-            path, _ = QFileDialog.getOpenFileName(self, "Choose a file")
-        if path:
-            self.path.setText(f"{path}:build" if choice == CUSTOM and path.endswith(".py")
-                              else path)
 
     def value(self) -> str:
         choice = self.combo.currentText()
@@ -83,3 +121,92 @@ class SpecField(QWidget):
                 return
         self.combo.setCurrentText(CUSTOM)
         self.path.setText(spec)
+
+
+class SourceSwitch(QWidget):
+    """What the form trains: Built-in (BUILTIN) or Your script (SCRIPT)."""
+
+    changed = Signal()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setObjectName("source")
+        self.builtin = QRadioButton("Built-in")
+        self.builtin.setObjectName("source_builtin")
+        self.builtin.setToolTip("Rankscope's own training loop: a model, data set and loss of "
+                                "its lists, or plugins")
+        self.script = QRadioButton("Your script")
+        self.script.setObjectName("source_script")
+        self.script.setToolTip("your own torchrun training script, run unchanged on every rank")
+        self._group = QButtonGroup(self)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        for button in (self.builtin, self.script):
+            self._group.addButton(button)
+            row.addWidget(button)
+        row.addStretch(1)
+        self.builtin.setChecked(True)
+        self.script.toggled.connect(lambda _on: self.changed.emit())
+
+    def value(self) -> str:
+        return SCRIPT if self.script.isChecked() else BUILTIN
+
+    def set_value(self, source: str) -> None:
+        (self.script if source == SCRIPT else self.builtin).setChecked(True)
+
+
+class ScriptFields:
+    """The form's rows for a user's own script: the .py file, its arguments in one line (split
+    as a shell would) and its working folder (empty: the script's folder)."""
+
+    def __init__(self) -> None:
+        self.script = PathField("script", file_filter="Python (*.py)",
+                                placeholder="train.py, as you give it to torchrun")
+        self.args = QLineEdit()
+        self.args.setObjectName("script_args")
+        self.args.setPlaceholderText("e.g. --epochs 3 --lr 0.1")
+        self.args.setToolTip("the script's arguments, split as a shell would: quote an "
+                             "argument with spaces in it")
+        self.cwd = PathField("script_cwd", folder=True, placeholder="the script's folder")
+        self.hint = QLabel("Every rank runs it, unchanged, as torchrun would; Rankscope sees "
+                           "its steps, loss and gradient sync. Stop ends it at an agreed step "
+                           "and keeps its model in checkpoints/last.pt.")
+        self.hint.setObjectName("script_hint")
+        self.hint.setWordWrap(True)
+
+    def rows(self) -> list[tuple[str, QWidget]]:
+        return [("Script", self.script), ("Arguments", self.args),
+                ("Working folder", self.cwd), ("", self.hint)]  # "": the whole row
+
+    def values(self) -> dict[str, Any]:
+        """RunConfig's script fields.
+
+        Raises:
+            ConfigError: the arguments do not split as a shell would split them.
+        """
+        return {"script": self.script.value(), "script_args": split_args(self.args.text()),
+                "script_cwd": self.cwd.value() or None}
+
+    def set_config(self, cfg: RunConfig) -> None:
+        self.script.path.setText(cfg.script or "")
+        self.args.setText(shlex.join(cfg.script_args))
+        self.cwd.path.setText(cfg.script_cwd or "")
+
+
+_SPLIT_HINTS = {"No closing quotation": "a quote is not closed; close it, or put a backslash "
+                                        "before a quote meant literally",
+                "No escaped character": "the line ends in a backslash that escapes nothing; "
+                                        "remove it, or double it for a backslash"}
+
+
+def split_args(line: str) -> list[str]:
+    """A script's arguments from one line, split as a shell would (quotes keep spaces).
+
+    Raises:
+        ConfigError: naming script_args, the line and what is wrong with it.
+    """
+    try:
+        return shlex.split(line)
+    except ValueError as e:
+        raise ConfigError(f"script_args: cannot split {line!r} into arguments as a shell "
+                          f"would: {_SPLIT_HINTS.get(str(e), str(e))}") from None

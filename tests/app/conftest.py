@@ -60,3 +60,13 @@ def open_window(qtbot, tmp_path: Path) -> Iterator[Callable[[Path], MainWindow]]
             wait_for(lambda w=w: w.controller.poll_once() or not w.controller.active, 90,
                      "the watched run to end at teardown")
         w.runs.stop_watching()
+
+
+@pytest.fixture
+def window(qtbot, tmp_path: Path):
+    w = _make(qtbot, tmp_path, tmp_path / "runs")
+    yield w
+    if w.controller.active:
+        w.controller.stop()
+        wait_for(lambda: not w.controller.active or (w.controller.poll_once() and False), 60,
+                 "the run to end at teardown")

@@ -1,9 +1,20 @@
-"""The launch form's nodes: a multi-node run from here is node 0, and names its rendezvous."""
+"""The launch form: a multi-node run from here is node 0 and names its rendezvous; what to train
+is the built-in loop or the user's own script."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings, Qt
+
 from app.cluster_dialog import ClusterDialog
+from app.desktop import default_presets
 from app.launch_panel import ERROR_STYLE, LaunchPanel
+from app.run_model import restored_form, save_form
+from ddp_engine.common.config import ConfigError, RunConfig
+from tests.conftest import REPO
 
 
 def _panel(qtbot) -> LaunchPanel:
@@ -58,3 +69,156 @@ def test_a_default_preset_fills_the_form_and_keeps_its_runs_folder(qtbot, tmp_pa
     assert (cfg.model, cfg.dataset, cfg.epochs, cfg.eval_every) == ("convnet", "digits", 5, 50)
     assert cfg.runs_dir == str(tmp_path / "my-runs") and panel.valid
     assert panel.presets.currentIndex() == 0  # the menu shows "Presets..." again
+
+
+SCRIPT = REPO / "examples" / "ddp_train.py"
+
+
+def _script_panel(qtbot, tmp_path: Path, panel: LaunchPanel | None = None) -> LaunchPanel:
+    """A form (a new one, or ``panel``) switched to Your script with a click, and filled with
+    the example script, arguments with a quoted one that has a space, and a working folder."""
+    panel = panel or _panel(qtbot)
+    _click(qtbot, panel, "script")
+    panel.script.path.setText(str(SCRIPT))
+    panel.script_args.setText(f"--epochs 3 --checkpoint '{tmp_path}/my ck.pt' --lr=0.1")
+    panel.script_cwd.path.setText(str(tmp_path))
+    return panel
+
+
+def _click(qtbot, panel: LaunchPanel, source: str) -> None:
+    """Click the source switch's ``source`` button, as a user would (in the shown form)."""
+    if not panel.isVisible():
+        panel.show()
+        qtbot.waitExposed(panel)
+    qtbot.mouseClick(getattr(panel.source, source), Qt.MouseButton.LeftButton)
+
+
+def test_the_source_switch_shows_the_fields_of_one_source(qtbot) -> None:
+    panel = _panel(qtbot)
+    builtin_only = [panel.model, panel.dataset, panel.loss, panel.epochs, panel.batch_size,
+                    panel.lr, panel.lr_schedule, panel.warmup_steps, panel.optimizer,
+                    panel.precision, panel.grad_accum, panel.checkpoint_every, panel.seed,
+                    panel.resume]
+    script_only = [panel.script, panel.script_args, panel.script_cwd,
+                   panel.script_fields.hint]
+    both = [panel.max_steps, panel.name, panel.runs_dir, panel.devices, panel.nnodes]
+    for source, shown, hidden in (("builtin", builtin_only, script_only),
+                                  ("script", script_only, builtin_only),
+                                  ("builtin", builtin_only, script_only)):
+        _click(qtbot, panel, source)
+        assert panel.source.value() == source
+        assert all(w.isVisibleTo(panel) for w in shown + both), source
+        assert not any(w.isVisibleTo(panel) for w in hidden), source
+    assert panel.max_steps.value() == 50  # the built-in side's, kept across the switch
+
+
+def test_the_form_builds_a_script_config(qtbot, tmp_path: Path) -> None:
+    panel = _panel(qtbot)
+    panel.model.combo.setCurrentText("convnet")  # set before the switch: not the script's
+    panel.lr_schedule.setCurrentText("cosine")
+    panel.warmup_steps.setValue(10)
+    panel.set_config(RunConfig.from_dict({**panel.config().to_dict(), "eval_every": 7}))
+    _script_panel(qtbot, tmp_path, panel)
+    assert panel.valid, panel.error.text()
+    cfg = panel.config()
+    assert cfg.script == str(SCRIPT) and cfg.script_cwd == str(tmp_path)
+    assert cfg.script_args == ["--epochs", "3", "--checkpoint", f"{tmp_path}/my ck.pt",
+                               "--lr=0.1"]
+    assert (cfg.model, cfg.lr_schedule, cfg.warmup_steps, cfg.eval_every, cfg.max_steps) == (
+        "mlp", "constant", 0, 100, None)  # a script's own end: max steps 0 by default
+    assert cfg.default_name() == "ddp_train" == panel.name.placeholderText()
+    panel.script_cwd.path.setText("")
+    assert panel.config().script_cwd is None  # the script's folder
+    panel.max_steps.setValue(30)
+    assert panel.config().max_steps == 30  # stops the script after 30 optimizer steps
+    _click(qtbot, panel, "builtin")
+    cfg = panel.config()  # back to the built-in loop: its fields as they were
+    assert (cfg.script, cfg.script_args, cfg.model, cfg.lr_schedule, cfg.warmup_steps,
+            cfg.eval_every, cfg.max_steps) == (None, [], "convnet", "cosine", 10, 7, 50)
+
+
+def _refused(panel: LaunchPanel, field: str, message: str) -> None:
+    """Start is refused with ``message`` under ``field``, which is outlined."""
+    assert not panel.valid and panel.error.text() == message
+    assert panel.field_error.isVisibleTo(panel) and panel.field_error.text() == message
+    form = panel.fields[field].parentWidget().layout()
+    row = form.getWidgetPosition(panel.fields[field])[0]
+    assert form.getWidgetPosition(panel.field_error)[0] == row + 1
+    assert panel.fields[field].styleSheet() == ERROR_STYLE
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        panel.config()
+
+
+def test_a_bad_argument_line_or_script_is_refused_naming_the_field(
+        qtbot, tmp_path: Path) -> None:
+    panel = _script_panel(qtbot, tmp_path)
+    assert panel.valid, panel.error.text()
+    panel.script_args.setText('--name "my run')
+    _refused(panel, "script_args", """script_args: cannot split '--name "my run' into """
+             "arguments as a shell would: a quote is not closed; close it, or put a "
+             "backslash before a quote meant literally")
+    panel.script_args.setText("--epochs 1 \\")
+    assert panel.error.text().endswith("the line ends in a backslash that escapes nothing; "
+                                       "remove it, or double it for a backslash")
+    panel.script_args.setText("--epochs 1")
+    assert panel.valid
+    missing = tmp_path / "nope.py"
+    panel.script.path.setText(str(missing))
+    _refused(panel, "script", f"script: {str(missing)!r} does not exist; give the path of "
+             "your training script (a .py file)")
+    panel.script.path.setText(str(tmp_path))
+    assert panel.error.text().startswith(f"script: {str(tmp_path)!r} is a folder")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\n\ndef main(:\n")
+    panel.script.path.setText(str(broken))
+    assert panel.error.text().startswith(
+        f"script: {str(broken)!r} is not a Python file Python can parse at line 3")
+    panel.script.path.setText("")
+    _refused(panel, "script", "script must not be empty; give the path of a .py file")
+    panel.script.path.setText(str(SCRIPT))
+    panel.script_cwd.path.setText(str(tmp_path / "no-such-folder"))
+    assert panel.error.text().startswith("script_cwd: ") and not panel.valid
+    assert panel.script_cwd.styleSheet() == ERROR_STYLE
+
+
+def test_presets_and_the_last_form_keep_the_script_fields(qtbot, tmp_path: Path) -> None:
+    panel = _script_panel(qtbot, tmp_path)
+    panel.max_steps.setValue(40)
+    wanted = panel.config()
+    preset = tmp_path / "script.toml"
+    panel.save_preset_to(preset)
+    assert 'script = "' in preset.read_text() and "model =" in preset.read_text()
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    save_form(settings, wanted)
+    for load in (lambda p: p.load_preset_from(preset),
+                 lambda p: p.set_config(restored_form(settings))):
+        other = _panel(qtbot)
+        other.model.combo.setCurrentText("convnet")
+        load(other)
+        assert other.source.value() == "script" and other.script.isVisibleTo(other)
+        assert not other.model.isVisibleTo(other)
+        assert other.script.path.text() == str(SCRIPT)
+        assert other.script_args.text() == (f"--epochs 3 --checkpoint '{tmp_path}/my ck.pt' "
+                                            "--lr=0.1")
+        assert other.script_cwd.path.text() == str(tmp_path)
+        assert other.config() == wanted and other.max_steps.value() == 40
+        other.source.builtin.setChecked(True)  # the built-in side as the user left it
+        assert other.config().model == "convnet" and other.config().script is None
+        other.load_preset_from(default_presets()[0].path)  # a built-in preset: built-in again
+        assert other.source.value() == "builtin" and other.config().model == "mlp"
+        other.source.script.setChecked(True)  # ...and the script's side as it was
+        assert other.config().script_args == wanted.script_args
+
+
+def test_the_built_in_loop_offers_a_learning_rate_schedule_and_warm_up(qtbot) -> None:
+    panel = _panel(qtbot)
+    assert panel.lr_schedule.isVisibleTo(panel) and panel.warmup_steps.isVisibleTo(panel)
+    assert [panel.lr_schedule.itemText(i) for i in range(panel.lr_schedule.count())] == [
+        "constant", "cosine", "linear", "step"]
+    panel.lr_schedule.setCurrentText("linear")
+    panel.warmup_steps.setValue(20)
+    cfg = panel.config()
+    assert (cfg.lr_schedule, cfg.warmup_steps) == ("linear", 20)
+    other = _panel(qtbot)
+    other.set_config(cfg)
+    assert other.lr_schedule.currentText() == "linear" and other.warmup_steps.value() == 20

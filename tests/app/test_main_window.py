@@ -19,7 +19,6 @@ from app.main_window import MainWindow
 from ddp_engine.common.protocol import read_monitor_file
 from ddp_engine.common.run_dir import read_rank_files, read_status
 from ddp_engine.rank.telemetry import Telemetry
-from tests.app.conftest import _make
 from tests.conftest import (
     FAULTY,
     REPO,
@@ -29,16 +28,6 @@ from tests.conftest import (
     processes_mentioning,
     wait_for,
 )
-
-
-@pytest.fixture
-def window(qtbot, tmp_path: Path):
-    w = _make(qtbot, tmp_path, tmp_path / "runs")
-    yield w
-    if w.controller.active:
-        w.controller.stop()
-        wait_for(lambda: not w.controller.active or (w.controller.poll_once() and False), 60,
-                 "the run to end at teardown")
 
 
 def test_title_and_default_form_is_valid_on_this_machine(window: MainWindow) -> None:

@@ -16,6 +16,11 @@ cleanup() { [ -n "$app" ] && kill "$app" 2>/dev/null; kill "$xvfb" 2>/dev/null; 
 trap cleanup EXIT
 export DISPLAY=$display QT_QPA_PLATFORM=xcb
 for _ in $(seq 100); do xdpyinfo >/dev/null 2>&1 && break; sleep 0.1; done
+# SCREENSHOT_CONFIG=FILE.toml: the form filled from that file instead (runs_dir is added), e.g.
+# a run of your own script; SCREENSHOT_STEP: the step of the report to photograph (400).
+if [ -n "${SCREENSHOT_CONFIG:-}" ]; then
+  { cat "$SCREENSHOT_CONFIG"; echo "runs_dir = \"$runs\""; } > "$runs/preset.toml"
+else
 cat > "$runs/preset.toml" <<TOML
 model = "convnet"
 dataset = "digits"
@@ -26,6 +31,8 @@ nproc = 2
 device = "cpu"
 runs_dir = "$runs"
 TOML
+fi
+step=${SCREENSHOT_STEP:-400}
 # Two earlier runs for the Runs panel (real, short ones).
 for steps in 150 300; do
   .venv/bin/python -m ddp_engine launch --model mlp --dataset digits --nproc 2 \
@@ -40,7 +47,7 @@ xdotool windowactivate --sync "$wid" 2>/dev/null || xdotool windowfocus --sync "
 xdotool key --window "$wid" F5
 # Let the run start and the charts fill; then photograph the live run.
 for _ in $(seq 120); do
-  grep -qs '"type":"metrics".*"step":400,' "$runs"/*/metrics.jsonl && break
+  grep -qs "\"type\":\"metrics\".*\"step\":$step," "$runs"/*/metrics.jsonl && break
   sleep 0.5
 done
 sleep 2

@@ -133,7 +133,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0
     print(f"state: {data.get('state')}")
-    print(f"step: {data.get('step')}/{data.get('total_steps', '?')}  epoch: {data.get('epoch')}")
+    print(f"step: {data.get('step')}/{data.get('total_steps') or '?'}  epoch: {data.get('epoch')}")
     if data.get("reason"):
         print(f"reason: {data['reason']}")
     print(f"device: {data.get('device')}  processes: {data.get('nproc')}  pids: "

@@ -339,7 +339,8 @@ class MetricStore:
         losses = losses[~np.isnan(losses)]
         if len(rows) > SPREAD_ABOVE:
             self._spread(step, values)
-        self.total_samples_per_s.append(step, float(np.nansum(samples)))
+        self.total_samples_per_s.append(step, None if np.isnan(samples).all()  # a script
+                                        else float(np.nansum(samples)))  # without DDP: none
         self.mean_loss.append(step, float(losses.mean()) if len(losses) else None)
         self.report_time.append(step, now)
         info.world_size = max(info.world_size, len(rows))
@@ -444,7 +445,6 @@ class MetricStore:
         """Seconds since the last report when that is over ``factor`` typical intervals (and
         ``minimum_s``): the run looks hung. None while it is progressing, and once it ended or
         its remote rank 0 is out of reach ("disconnected": no news is not a hang)."""
-        info = self.info
-        if info.state in ("stopped", "completed", "failed", "disconnected"):
+        if self.info.state in ("stopped", "completed", "failed", "disconnected"):
             return None
-        return info.clock.stall_s(now if now is not None else time.time(), factor, minimum_s)
+        return self.info.clock.stall_s(time.time() if now is None else now, factor, minimum_s)

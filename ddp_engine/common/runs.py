@@ -241,6 +241,15 @@ class _LossScan:
                 self.best = mean
 
 
+def what_trains(config: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A run's model and dataset as the Runs list shows them; a user's script is its file's
+    name (its model and data are its own)."""
+    script = config.get("script")
+    if isinstance(script, str) and script:
+        return Path(script).name, "(script)"
+    return config.get("model"), config.get("dataset")
+
+
 class RunIndex:
     """The runs under one folder. :meth:`refresh` rescans: two small JSON files per run, and
     each metrics.jsonl only where it grew since the last call, within a time budget per call
@@ -289,8 +298,7 @@ class RunIndex:
         config = read_json(path / CONFIG_FILE)
         config = config if isinstance(config, dict) else {}
         s = RunSummary(path=path)
-        s.model = config.get("model")
-        s.dataset = config.get("dataset")
+        s.model, s.dataset = what_trains(config)
         s.device = config.get("device")
         s.nproc = config.get("nproc")
         s.gpus = config.get("gpus")
@@ -339,8 +347,7 @@ class RunIndex:
         data = data if isinstance(data, dict) else {}
         s = RunSummary(path=path, kind=str(data.get("kind") or "group"))
         config: dict[str, Any] = data["config"] if isinstance(data.get("config"), dict) else {}
-        s.model = config.get("model")
-        s.dataset = config.get("dataset")
+        s.model, s.dataset = what_trains(config)
         s.device = data.get("device") or config.get("device")
         counts = [c for c in data.get("counts") or [] if isinstance(c, int)]
         s.nproc = max(counts) if counts else None

@@ -145,6 +145,13 @@ def _script_report(step: int, logged: list[dict | None], total_steps: int | None
             "total_steps": total_steps, "ranks": ranks}
 
 
+def test_no_total_throughput_where_no_rank_measured_one() -> None:
+    store = MetricStore()
+    store.add(_script_report(10, [None, None]))  # a script without DDP: no samples/s
+    assert len(store.total_samples_per_s) == 1
+    assert np.isnan(store.total_samples_per_s.last())  # no point drawn, not a 0
+
+
 def test_logged_series_are_kept_per_rank_apart_from_the_built_in_fields() -> None:
     store = MetricStore()
     store.add(_script_report(10, [{"lr": 0.1}, {"lr": 0.1}]))

@@ -36,6 +36,15 @@ def test_runs_are_listed_newest_first_with_what_the_list_shows(tmp_path: Path) -
     assert new.duration_s == 20.0 and new.resumable
 
 
+def test_a_run_of_a_users_script_is_listed_by_the_scripts_name(tmp_path: Path) -> None:
+    run = make_run_folder(tmp_path, "train-1")
+    config = json.loads((run / "config.json").read_text())
+    config.update(script="/home/me/jobs/train.py", script_args=["--epochs", "3"])
+    (run / "config.json").write_text(json.dumps(config))
+    (summary,) = RunIndex(tmp_path).refresh()
+    assert (summary.model, summary.dataset) == ("train.py", "(script)")
+
+
 def test_a_run_whose_launcher_is_gone_is_interrupted_not_running(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

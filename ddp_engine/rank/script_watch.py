@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import logging
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -156,7 +157,10 @@ class ScriptWatch:
     def _wrap_destroy(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def destroy_process_group(group: Any = None) -> Any:
             if group is None or group is c10d.GroupMember.WORLD:
-                self.finish()  # the last report while the group is up
+                # The last report (collectives), unless on an exception's way out through a
+                # ``finally``: the other ranks may be training on.
+                self._finished = self._finished or sys.exc_info()[0] is not None
+                self.finish()
                 if not dist.is_initialized():
                     return None  # gone already (the watch ended it at an agreed stop)
             return original(group)
@@ -164,8 +168,7 @@ class ScriptWatch:
 
     def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if self._in_backward or not isinstance(tensors, torch.Tensor) \
-                    or tensors.numel() != 1:
+            if self._in_backward or not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
                 return original(tensors, *args, **kwargs)  # not a loss (or a nested backward)
             loss = tensors.detach()
             if self._scaled is not None and self._scaled[0] == id(tensors):

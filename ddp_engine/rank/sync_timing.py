@@ -54,6 +54,7 @@ class StepTimer:
         False where the step has divided its loss by the world size already."""
         self.cuda = device.type == "cuda"
         self.divide = divide
+        self._avg: bool | None = None  # whether the group's backend averages (nccl), once known
         self._lock = threading.Lock()  # hook callbacks can run on a communication thread
         self._current = _Step()
         self._pending: deque[_Step] = deque()
@@ -84,21 +85,29 @@ class StepTimer:
              ) -> torch.futures.Future[torch.Tensor]:
         """DDP comm hook: the stock all-reduce (``default_hooks.allreduce_hook``: divide by the
         world size, all-reduce the bucket), timed, with one callback instead of two. Without
-        ``divide`` the bucket is summed as it is (the loss was divided instead)."""
+        ``divide`` the bucket is summed as it is (the loss was divided instead). On NCCL the
+        mean is the all-reduce's own (``ReduceOp.AVG``): no extra pass over the bucket; gloo
+        has no such op, so there the bucket is divided first."""
         buf = bucket.buffer()
         record = _Bucket(start=self.stamp(), nbytes=buf.numel() * buf.element_size())
         with self._lock:
             self._current.buckets.append(record)
         group = state if state is not None else dist.group.WORLD
+        op = dist.ReduceOp.SUM
         if self.divide:
-            buf.div_(dist.get_world_size(group))
+            if self._avg is None:  # NCCL averages inside the reduction: no pass of our own
+                self._avg = dist.get_backend(group) == "nccl"
+            if self._avg:
+                op = dist.ReduceOp.AVG
+            else:
+                buf.div_(dist.get_world_size(group))
 
         def done(fut: "torch.futures.Future[list[torch.Tensor]]") -> torch.Tensor:  # noqa: UP037
             # (quoted: not evaluated on every bucket of every step)
             record.end = self.stamp()  # on CUDA: recorded on the stream the result is ready on
             return fut.value()[0]
 
-        work = dist.all_reduce(buf, group=group, async_op=True)
+        work = dist.all_reduce(buf, op=op, group=group, async_op=True)
         assert work is not None
         return work.get_future().then(done)  # type: ignore[arg-type]
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +22,11 @@ CUSTOM = REPO / "examples" / "custom_loop.py"
 VARIANTS = Path(__file__).parent / "scripts" / "variants.py"
 
 
-def _launch(tmp_path: Path, script: Path, *script_args: str, extra: tuple[str, ...] = ()
-            ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def _launch(tmp_path: Path, script: Path, *script_args: str, extra: tuple[str, ...] = (),
+            timeout: float = 240) -> tuple[Path, subprocess.CompletedProcess[str]]:
     run_dir = tmp_path / "run"
     proc = run_engine("launch", "--script", str(script), "--nproc", "2", "--run-dir",
-                      str(run_dir), *extra, "--", *script_args)
+                      str(run_dir), *extra, "--", *script_args, timeout=timeout)
     return run_dir, proc
 
 
@@ -100,7 +101,10 @@ def test_the_example_files_still_run_under_plain_torchrun(tmp_path: Path) -> Non
 
 
 def test_a_raising_script_fails_naming_its_rank_and_exception(tmp_path: Path) -> None:
-    run_dir, proc = _launch(tmp_path, VARIANTS, "--raise-on-rank", "1", "--raise-at-step", "3")
+    """Its ``finally: destroy_process_group()`` runs on the failing rank while the other trains
+    on: no collective of Rankscope's there (it would wait out the 120 s collective timeout)."""
+    run_dir, proc = _launch(tmp_path, VARIANTS, "--raise-on-rank", "1", "--raise-at-step", "3",
+                            timeout=100)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     status = read_status(run_dir)
     assert status["state"] == "failed"
@@ -188,3 +192,35 @@ def test_the_api_logs_series_and_saves_the_scripts_checkpoint_at_a_stop(tmp_path
     assert f"stopping at step {step}, as asked" in log  # should_stop() said True, once
     lines = [m for m in iter_metrics(run_dir) if m["type"] == "event"]
     assert [e["kind"] for e in lines][-1] == "stopped"
+
+
+def test_ctrl_c_stops_a_script_at_one_step_as_a_built_in_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_engine("launch", "--script", str(VARIANTS), "--nproc", "2", "--run-dir",
+                        str(run_dir), "--", "--steps", "10000000", log=tmp_path / "out.log")
+    try:
+        wait_for(lambda: len(metrics(run_dir)) >= 2, 120, "two reports")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 0, (tmp_path / "out.log").read_text()
+    finally:
+        proc.kill()
+    assert read_status(run_dir)["state"] == "stopped"
+    ranks = read_rank_files(run_dir)
+    (step,) = {d["step"] for d in ranks.values()}
+    assert {d["reason"] for d in ranks.values()} == {"signal SIGINT"}
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
+    assert_no_process_left(run_dir)
+
+
+def test_a_sweep_runs_a_script_for_its_steps_at_each_count(tmp_path: Path) -> None:
+    proc = run_engine("sweep", "--script", str(VARIANTS), "--counts", "1,2", "--steps", "20",
+                      "--runs-dir", str(tmp_path / "runs"), "--", "--steps", "100000")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (group,) = (tmp_path / "runs").iterdir()
+    assert group.name.startswith("variants-sweep-")
+    for count in (1, 2):
+        sub = group / f"nproc-{count}"
+        assert read_status(sub)["state"] == "completed"
+        last = metrics(sub)[-1]
+        assert last["step"] == 20 and len(last["ranks"]) == count
+        assert all(r["samples_per_s"] > 0 for r in last["ranks"])

@@ -40,23 +40,25 @@ def main() -> None:
             model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
-    for step in range(1, args.steps + 1):
-        x = torch.randn(16, 8, generator=g)
-        y = (x[:, 0] > 0).long()
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        if args.no_ddp:
-            for param in model.parameters():
-                dist.all_reduce(param.grad)
-                param.grad /= dist.get_world_size()
-        opt.step()
-        if rank == args.raise_on_rank and step == args.raise_at_step:
-            raise ValueError(f"bad batch at step {step}")
-        if step % 10 == 0:
-            with torch.no_grad():  # an evaluation pass: not a training batch
-                model(torch.randn(1000, 8, generator=g))
-    dist.destroy_process_group()
+    try:  # as the tutorials do: destroy_process_group on the way out, an exception's too
+        for step in range(1, args.steps + 1):
+            x = torch.randn(16, 8, generator=g)
+            y = (x[:, 0] > 0).long()
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            if args.no_ddp:
+                for param in model.parameters():
+                    dist.all_reduce(param.grad)
+                    param.grad /= dist.get_world_size()
+            opt.step()
+            if rank == args.raise_on_rank and step == args.raise_at_step:
+                raise ValueError(f"bad batch at step {step}")
+            if step % 10 == 0:
+                with torch.no_grad():  # an evaluation pass: not a training batch
+                    model(torch.randn(1000, 8, generator=g))
+    finally:
+        dist.destroy_process_group()
     if args.exit_code is not None:
         sys.exit(args.exit_code)
 

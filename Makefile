@@ -76,6 +76,7 @@ screenshot: install
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SCREENSHOT_DEBS))
 	docs/make_screenshot.sh docs/screenshot.png 1600 1000
 	docs/make_screenshot.sh docs/screenshot-1000x700.png 1000 700
+	SCREENSHOT_CONFIG=docs/screenshot-script.toml docs/make_screenshot.sh docs/screenshot-script.png 1600 1000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

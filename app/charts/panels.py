@@ -395,6 +395,7 @@ class LoggedPanel(QWidget):
         super().__init__()
         self.key = key
         self.chart = Chart(key, "")
+        self.title = key
         self.chart.getAxis("left").showLabel(False)  # the title names it
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -406,12 +407,26 @@ class LoggedPanel(QWidget):
             keep = np.isfinite(mid.y)
             self.chart.set_spread(f"{len(store.ranks())} ranks", mid.x[keep], lo.y[keep],
                                   mid.y[keep], hi.y[keep], color(0))
+            self._title(mid.y[keep], "median")
             return
+        first: np.ndarray | None = None
         for rank in store.ranks():
             s = store.logged(rank, self.key)
             keep = np.isfinite(s.y)
             if keep.any() or f"rank {rank}" in self.chart.curves:
                 self.chart.set_data(f"rank {rank}", s.x[keep], s.y[keep], color(rank))
+            if first is None and keep.any():
+                first = s.y[keep]
+        self._title(first, f"rank {store.ranks()[0]}" if store.ranks() else "")
+
+    def _title(self, values: np.ndarray | None, whose: str) -> None:
+        """The key and its latest value in the title: a flat series (a constant lr) reads as
+        its number, not as a line at an unlabelled height."""
+        text = self.key if values is None or not len(values) else (
+            f"{self.key}: {float(values[-1]):.4g} ({whose}, latest)")
+        if text != self.title:
+            self.title = text
+            self.chart.setTitle(text, color="#333", size="10pt")
 
 
 def _fmt(value: float | None, unit: str) -> str:

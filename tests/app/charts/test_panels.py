@@ -175,7 +175,7 @@ def test_a_logged_panel_draws_each_rank_that_logged_or_the_spread_of_many(qtbot)
     panel = LoggedPanel("acc")
     qtbot.addWidget(panel)
     panel.redraw(store)
-    assert panel.chart.getPlotItem().titleLabel.text == "acc"
+    assert panel.chart.getPlotItem().titleLabel.text == "acc: 0.3 (rank 0, latest)"
     x, y = panel.chart.curves["rank 1"].getData()
     assert list(x) == [10.0, 30.0] and list(y) == pytest.approx([0.2, 0.6])
     assert list(panel.chart.curves["rank 0"].getData()[1]) == pytest.approx([0.1, 0.2, 0.3])
@@ -191,3 +191,8 @@ def test_a_logged_panel_draws_each_rank_that_logged_or_the_spread_of_many(qtbot)
     assert sorted(spread.chart.curves) == ["12 ranks max", "12 ranks median", "12 ranks min"]
     assert [float(spread.chart.curves[f"12 ranks {s}"].getData()[1][0])
             for s in ("min", "median", "max")] == [0.0, 5.5, 11.0]
+    assert spread.title == "acc: 5.5 (median, latest)"
+    empty = LoggedPanel("acc")
+    qtbot.addWidget(empty)
+    empty.redraw(MetricStore())
+    assert empty.title == "acc"  # nothing logged yet: the name alone

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +37,10 @@ class Reporter:
         self.stop = stop
         self.telemetry = telemetry
         self.logged = logged
-        self.kept = kept
+        # Weakly: the trainer (or script watch) owns this reporter; a strong reference back
+        # would make a cycle that keeps its DDP module alive until a garbage collection, which
+        # may come at interpreter exit, after destroy_process_group (torch then aborts).
+        self._kept = weakref.WeakMethod(kept)  # type: ignore[arg-type]
         self.group: dist.ProcessGroup | None = None
         self.places: list[dict[str, object]] = []
         # Rank 0 alone judges the loss, from the reports it publishes (cfg.loss_spike_mads).
@@ -95,13 +99,17 @@ class Reporter:
             log.warning("%s", spike.message)
             self.event("warning", **spike.event_fields())
 
+    def _kept_text(self) -> str:
+        kept = self._kept()
+        return kept() if kept is not None else "no checkpoint is kept"
+
     def _nonfinite(self, bad: dict[int, float], at: int, step_now: int) -> bool:
         """A rank's loss was NaN or infinite in the interval up to step ``at``: warn, and
         (policy "stop") stop at this step. Returns True to stop."""
         where = ", ".join(f"rank {r}: {v}" for r, v in sorted(bad.items()))
         stop = self.cfg.nonfinite_loss == "stop"
         message = (f"non-finite loss at step {at} ({where})"
-                   + (f": stopping at step {step_now}; {self.kept()}" if stop
+                   + (f": stopping at step {step_now}; {self._kept_text()}" if stop
                       else ": training goes on (--nonfinite-loss warn)"))
         self.event("warning", step=at, message=message, ranks=sorted(bad),
                    cause="nonfinite_loss")

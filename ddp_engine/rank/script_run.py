@@ -9,6 +9,7 @@ state file, and the failure report. The watching itself is :mod:`ddp_engine.rank
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import runpy
@@ -76,6 +77,7 @@ def run_script(cfg: RunConfig, stop: StopFlag) -> int:
         rankscope._session = None
         if watch is not None:
             watch.uninstall()
+        gc.collect()  # the script's models (cycles included) go before their process group
         close_rank(heartbeat, telemetry)
     return 0
 

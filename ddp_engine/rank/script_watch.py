@@ -136,6 +136,7 @@ class ScriptWatch:
         for undo in reversed(self._undo):
             undo()
         self._undo = []
+        self.ddp, self.optimizers, self.on_stop_fns = None, [], []  # no cycle via the hooks
         if ScriptWatch._active is self:
             ScriptWatch._active = None
         if self.sampler is not None:
@@ -415,8 +416,7 @@ class ScriptWatch:
             self.reporter.event("unavailable", step=self.step, items=items)
 
     def _kept(self) -> str:
-        return ("rankscope.on_stop's checkpoint is kept" if self.on_stop_fns
-                else "no checkpoint is saved")
+        return "rankscope.on_stop's checkpoint is kept" if self.on_stop_fns else "none is saved"
 
     # ------------------------------------------------------------------------- the API
     def log(self, scalars: dict[str, Any]) -> None:

@@ -177,3 +177,22 @@ def test_the_lr_is_reported_as_a_logged_series_and_constant_by_default(ctx, tmp_
     assert t.run() == "completed"
     ms = [m for m in _lines(t) if m["type"] == "metrics"]
     assert [m["ranks"][0]["logged"]["lr"] for m in ms] == pytest.approx([0.05, 0.0])
+
+
+def test_a_trainer_and_its_ddp_module_go_without_a_garbage_collection(ctx, tmp_path: Path
+                                                                       ) -> None:
+    """No reference cycle: a cycle would keep the DDP module until a collection, which may
+    come at interpreter exit, after destroy_process_group (torch then aborts the process)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        trainer = _trainer(ctx, tmp_path)
+        module = weakref.ref(trainer.model)
+        assert trainer.telemetry is not None
+        trainer.telemetry.close()
+        del trainer
+        assert module() is None
+    finally:
+        gc.enable()

@@ -319,7 +319,7 @@ class LaunchPanel(QWidget):
         """
         data = {**self.values(), **self._config_extra()}
         cfg = RunConfig.from_dict(data, source="form")
-        check_environment(cfg, gpu_count=len(self.devices.gpus), cpu_count=self.devices.cpus)
+        check_environment(cfg, inventory=self.devices.inventory, cpu_count=self.devices.cpus)
         if cfg.device == "cuda" and not cfg.gpus:
             raise ConfigError("gpus: choose at least one GPU")
         return cfg

@@ -33,6 +33,7 @@ from app.launcher_process import LauncherProcess
 from app.run_model import plural
 from ddp_engine.common.child_env import build_env
 from ddp_engine.common.config import ConfigError, RunConfig
+from ddp_engine.common.inventory import GpuInventory
 from ddp_engine.common.run_dir import FINAL_STATES, atomic_write_text, new_run_dir
 from ddp_engine.common.runs import sweep_process
 from ddp_engine.common.sweep_plan import DEFAULT_STEPS, parse_counts, plan_sweep, read_group
@@ -101,7 +102,7 @@ class ScalingView(QWidget):
         return self.live or (self.sweep is not None and not self.sweep.ended())
 
     # ------------------------------------------------------------------------------ running
-    def start(self, cfg: RunConfig, gpu_count: int | None = None,
+    def start(self, cfg: RunConfig, inventory: GpuInventory | None = None,
               cpu_count: int | None = None) -> Path:
         """Start a sweep of ``cfg`` (the launch form's config) in a new group folder.
 
@@ -117,7 +118,7 @@ class ScalingView(QWidget):
         except argparse.ArgumentTypeError as e:
             raise ConfigError(str(e)) from None
         plan_sweep(dataclasses.replace(cfg, run_dir=None), counts, self.steps.value(),
-                   gpu_count=gpu_count, cpu_count=cpu_count)
+                   inventory=inventory, cpu_count=cpu_count)
         group = new_run_dir(cfg.runs_dir, cfg.default_name() + "-sweep").resolve()
         config_path = group / SWEEP_CONFIG
         atomic_write_text(config_path, dataclasses.replace(cfg, run_dir=str(group)).to_toml())

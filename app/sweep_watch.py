@@ -41,7 +41,7 @@ class SweepWatch:
             return None
         try:
             cfg = w.panel.config()
-            group = w.scaling.start(cfg, gpu_count=len(w.panel.devices.gpus),
+            group = w.scaling.start(cfg, inventory=w.panel.devices.inventory,
                                     cpu_count=w.panel.devices.cpus)
         except ConfigError as e:
             w.scaling.label.setText(f"not started: {e}")

@@ -122,9 +122,10 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
 
 
 def _gpu_count() -> int:
-    from ddp_engine.common.gpus import gpu_count
+    """GPUs the installed torch can train on (NVML's, none with the CPU wheel)."""
+    from ddp_engine.common.inventory import gpu_inventory
 
-    return gpu_count()
+    return len(gpu_inventory().usable)
 
 
 _EXIT_STATUS: list[int] = []
@@ -140,7 +141,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     terminate_then_kill(processes_mentioning(str(base.getbasetemp())), grace_s=10)
 
 
-cuda = pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA device (none visible to NVML)")
+cuda = pytest.mark.skipif(_gpu_count() == 0,
+                          reason="needs a CUDA device (none that NVML lists and torch can use)")
 
 
 def make_run_folder(parent: Path, name: str, *, state: str = "completed", steps: int = 30,

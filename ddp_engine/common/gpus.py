@@ -1,13 +1,14 @@
 """Every NVML call of the project (nvidia-ml-py), without torch and without initializing CUDA.
 
 The launcher (device count, the CUDA_VISIBLE_DEVICES mapping, GPU memory left after a run),
-each GPU rank's sampler and the app's device table all read NVML through :class:`Nvml`: one
-initialisation per user, handles cached, and every failure (no library, no driver, no GPU, a
-call the GPU does not support) a None or an empty inventory, never an exception.
+each GPU rank's sampler, ``doctor`` and the app's device table all read NVML through
+:class:`Nvml`: one initialisation per user, handles cached, and every failure (no library, no
+driver, no GPU, a call the GPU does not support) a None or an empty inventory, never an
+exception.
 
-Index convention: a GPU index is the position in NVML's order, which is PCI bus order; the
-workers get ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA numbers them the same way. If the
-environment already restricts GPUs with CUDA_VISIBLE_DEVICES, indices refer to that list.
+One GPU identity everywhere: a GPU is named by its NVML index, as nvidia-smi names it (also
+under a CUDA_VISIBLE_DEVICES that hides some GPUs), and ranks are given their GPUs by UUID in
+CUDA_VISIBLE_DEVICES, since NVML's order is not guaranteed to be PCI bus order nor CUDA's.
 """
 
 from __future__ import annotations
@@ -25,13 +26,19 @@ class GpuInfo:
     """One GPU as NVML reports it."""
 
     index: int
-    """Index as the user names it (--gpus), within CUDA_VISIBLE_DEVICES when that is set."""
-    visible_id: str
-    """What to put in the workers' CUDA_VISIBLE_DEVICES for this GPU (index or UUID)."""
+    """NVML index, as nvidia-smi and ``--gpus`` name the GPU."""
     name: str
     uuid: str
+    """What the workers' CUDA_VISIBLE_DEVICES carries for this GPU."""
     pci_bus_id: str
     mem_total_bytes: int | None
+    mig: bool = False
+    """In MIG mode: CUDA sees only its MIG instances, and a DDP rank needs a whole GPU."""
+
+    @property
+    def label(self) -> str:
+        """How views, logs and status lines name it: ``GPU 2 (NVIDIA H200)``."""
+        return f"GPU {self.index} ({self.name})"
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,14 @@ class Nvml:
         """How many GPUs NVML sees, or None."""
         return None if self._nv is None else _attempt(self._nv.nvmlDeviceGetCount)
 
+    def query(self, function: str, *args: Any) -> Any:
+        """``pynvml.<function>(*args)``, or None where NVML is unavailable or the call fails
+        (for the rarer calls: versions, links, throttle reasons)."""
+        nv = self._nv
+        if nv is None or not hasattr(nv, function):
+            return None
+        return _attempt(lambda: getattr(nv, function)(*args))
+
     def handle(self, key: int | str) -> Any:
         """The handle of GPU ``key``: an NVML index, or a UUID (or its unique prefix, as
         CUDA_VISIBLE_DEVICES may give it). None when there is no such GPU."""
@@ -143,7 +158,17 @@ class Nvml:
         except Exception:
             return None
         mem = _attempt(lambda: int(nv.nvmlDeviceGetMemoryInfo(h).total))
-        return GpuInfo(index, str(index), _text(name), _text(uuid), _text(bus), mem)
+        mig = _attempt(lambda: nv.nvmlDeviceGetMigMode(h)[0])  # NOT_SUPPORTED: no MIG
+        return GpuInfo(index, _text(name), _text(uuid), _text(bus), mem,
+                       mig=mig == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1))
+
+    def info_of(self, key: int | str) -> GpuInfo | None:
+        """The GpuInfo (NVML index included) of the GPU of ``key``: a UUID, as a rank's
+        CUDA_VISIBLE_DEVICES entry has it, or an NVML index."""
+        if isinstance(key, int) or str(key).isdigit():
+            return self.info(int(key))
+        index = self.query("nvmlDeviceGetIndex", self.handle(key))
+        return None if index is None else self.info(int(index))
 
     def read(self, handle: Any) -> GpuReading:
         """Utilization, memory, temperature and power of the GPU of ``handle``."""
@@ -178,28 +203,33 @@ class Nvml:
 
 
 def list_gpus(environ: Mapping[str, str] | None = None) -> list[GpuInfo]:
-    """The GPUs this process may use, in index order. Empty when NVML is unavailable."""
+    """The GPUs this process may use, NVML-indexed; in NVML order, or in the order
+    CUDA_VISIBLE_DEVICES lists them when that is set. Empty when NVML is unavailable.
+
+    A CUDA_VISIBLE_DEVICES entry may be a UUID (or its unique prefix) or a number; numbers are
+    taken in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID; CUDA's default order, fastest first,
+    is unknown without CUDA). A ``MIG-`` entry names a MIG instance, which Rankscope does not
+    give ranks: it ends the list, as any entry CUDA cannot match does.
+    """
     env = os.environ if environ is None else environ
     with Nvml() as nvml:
-        physical = [nvml.info(i) for i in range(nvml.count() or 0)]
-    if any(g is None for g in physical):
-        return []
+        physical = [g for g in (nvml.info(i) for i in range(nvml.count() or 0)) if g is not None]
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
-        return [g for g in physical if g is not None]
+        return physical
+    pci_order = sorted(physical, key=lambda g: g.pci_bus_id.lower())
     chosen: list[GpuInfo] = []
     for token in [t.strip() for t in visible.split(",") if t.strip()]:
         match = None
         if token.isdigit():
             n = int(token)
-            match = physical[n] if n < len(physical) else None
-        else:
-            match = next((g for g in physical if g is not None and g.uuid.startswith(token)),
-                         None)
-        if match is None:
+            match = pci_order[n] if n < len(pci_order) else None
+        elif token.startswith("GPU-"):
+            found = [g for g in physical if g.uuid.startswith(token)]
+            match = found[0] if len(found) == 1 else None
+        if match is None or match in chosen:
             break  # CUDA ignores everything after the first invalid entry
-        chosen.append(GpuInfo(len(chosen), token, match.name, match.uuid, match.pci_bus_id,
-                              match.mem_total_bytes))
+        chosen.append(match)
     return chosen
 
 
@@ -237,9 +267,22 @@ def cpu_count() -> int:
 
 
 def visible_devices_for(gpus: list[int], inventory: list[GpuInfo]) -> str:
-    """The CUDA_VISIBLE_DEVICES value that exposes exactly ``gpus`` (in that order)."""
+    """The workers' CUDA_VISIBLE_DEVICES exposing exactly ``gpus`` (NVML indices), in that
+    order, by UUID: local rank i gets ``gpus[i]`` whatever order CUDA would number them in."""
     by_index = {g.index: g for g in inventory}
-    return ",".join(by_index[i].visible_id for i in gpus)
+    return ",".join(by_index[i].uuid for i in gpus)
+
+
+def driver_versions() -> tuple[str | None, tuple[int, int] | None]:
+    """The driver's version and the newest CUDA it supports, e.g. ``("550.54.15", (12, 4))``;
+    None where NVML cannot say."""
+    with Nvml() as nvml:
+        driver = nvml.query("nvmlSystemGetDriverVersion")
+        cuda = nvml.query("nvmlSystemGetCudaDriverVersion_v2")
+        if cuda is None:
+            cuda = nvml.query("nvmlSystemGetCudaDriverVersion")
+    return (None if driver is None else _text(driver),
+            None if cuda is None else (int(cuda) // 1000, int(cuda) % 1000 // 10))
 
 
 def _text(value: Any) -> str:

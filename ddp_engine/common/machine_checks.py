@@ -24,37 +24,30 @@ from ddp_engine.common.config_values import (
     split_dataset,
     split_plugin,
 )
+from ddp_engine.common.inventory import GpuInventory
 from ddp_engine.common.run_dir import read_status
 
 
-def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None:
-    """Checks that need the file system or the device count (still no torch).
+def check_environment(cfg: RunConfig, *, cpu_count: int, gpu_count: int | None = None,
+                      inventory: GpuInventory | None = None) -> None:
+    """Checks that need the file system or the devices (still no torch).
 
     Args:
         cfg: the config to check.
-        gpu_count: GPUs visible to this process (NVML / CUDA_VISIBLE_DEVICES).
         cpu_count: CPU cores usable by this process.
+        gpu_count: planning for this many usable GPUs, NVML indices 0..n-1 (when
+            ``inventory`` is not given).
+        inventory: the GPUs NVML lists and whether torch can use them (``gpu_inventory()``).
 
     Raises:
         ConfigError: naming the field, the value and what is allowed.
     """
-    device = resolved_device(cfg, gpu_count)
+    gpus = inventory if inventory is not None else GpuInventory.counted(gpu_count or 0)
+    usable = [g.index for g in gpus.usable]
+    device = resolved_device(cfg, len(usable))
     if cfg.script is not None:
         check_script(cfg.script, cfg.script_cwd)
-    if cfg.device == "cuda" and gpu_count == 0:
-        raise ConfigError("device: 'cuda' asked for but no GPU is visible on this machine; "
-                          "use --device cpu")
-    if cfg.gpus is not None:
-        for g in cfg.gpus:
-            if g >= gpu_count:
-                allowed = f"0..{gpu_count - 1}" if gpu_count else "none: no GPU is visible"
-                raise ConfigError(f"gpus: GPU {g} does not exist; allowed: {allowed}")
-    if cfg.nproc is not None:
-        limit = gpu_count if device == "cuda" else cpu_count
-        what = "GPUs" if device == "cuda" else "CPU cores"
-        if cfg.nproc > limit:
-            raise ConfigError(f"nproc must be between 1 and the number of {what} ({limit}), "
-                              f"got {cfg.nproc}")
+    check_devices(cfg, gpus, cpu_count)
     if cfg.precision == "fp16" and device != "cuda":
         raise ConfigError("precision: fp16 needs CUDA and no GPU is in use; use fp32 or bf16")
     for field_name in ("model", "dataset", "loss"):
@@ -73,7 +66,7 @@ def check_environment(cfg: RunConfig, *, gpu_count: int, cpu_count: int) -> None
     samples = builtin_train_samples(cfg)
     if samples is not None:
         nproc = cfg.nproc or (len(cfg.gpus) if cfg.gpus else
-                              gpu_count if device == "cuda" else min(2, cpu_count))
+                              len(usable) if device == "cuda" else min(2, cpu_count))
         why = batch_exceeds_data(cfg.batch_size, cfg.grad_accum, max(1, nproc), samples)
         if why:
             raise ConfigError(why)
@@ -128,8 +121,38 @@ def check_port_free(field_name: str, port: int) -> None:
                 from None
 
 
+def check_devices(cfg: RunConfig, gpus: GpuInventory, cpu_count: int) -> None:
+    """``device``, ``gpus`` and ``nproc`` against the GPUs torch can use and the CPU cores.
+
+    Raises:
+        ConfigError: naming the field, the value and what is allowed.
+    """
+    usable = [g.index for g in gpus.usable]
+    device = resolved_device(cfg, len(usable))
+    if cfg.device == "cuda" and not usable:
+        why = (f": {gpus.cpu_note()}; or" if gpus.cpu_note() else
+               " but no GPU is visible on this machine;")
+        raise ConfigError(f"device: 'cuda' asked for{why} use --device cpu")
+    for g in cfg.gpus or []:
+        listed = [x.index for x in gpus.gpus]
+        if g not in listed:
+            allowed = (", ".join(map(str, usable)) if usable else "none: no GPU is visible"
+                       if not listed else f"none: {gpus.cpu_note()}")
+            raise ConfigError(f"gpus: GPU {g} does not exist; allowed: {allowed}")
+        why_not = gpus.why_not(g)
+        if why_not:
+            raise ConfigError(f"gpus: GPU {g} cannot be used: {why_not}")
+    if cfg.nproc is not None:
+        limit = len(usable) if device == "cuda" else cpu_count
+        what = "GPUs" if device == "cuda" else "CPU cores"
+        if cfg.nproc > limit:
+            raise ConfigError(f"nproc must be between 1 and the number of {what} ({limit}), "
+                              f"got {cfg.nproc}")
+
+
 def resolved_device(cfg: RunConfig, gpu_count: int) -> str:
-    """``"cuda"`` or ``"cpu"``: what ``device`` means on a machine with ``gpu_count`` GPUs."""
+    """``"cuda"`` or ``"cpu"``: what ``device`` means on a machine with ``gpu_count`` GPUs
+    that the installed torch can use."""
     if cfg.device == "cpu":
         return "cpu"
     if cfg.device == "cuda" or cfg.gpus is not None:

@@ -30,7 +30,8 @@ from typing import Any
 
 from ddp_engine.common import gpus
 from ddp_engine.common.config import ConfigError, RunConfig
-from ddp_engine.common.machine_checks import check_environment, resolved_device
+from ddp_engine.common.inventory import GpuInventory, gpu_inventory
+from ddp_engine.common.machine_checks import check_devices, check_environment, resolved_device
 from ddp_engine.common.run_dir import new_run_dir, read_json
 
 GROUP_FILE = "group.json"
@@ -182,7 +183,8 @@ class SweepPlan:
 
 
 def plan_sweep(cfg: RunConfig, counts: list[int] | None = None, steps: int = DEFAULT_STEPS, *,
-               gpu_count: int | None = None, cpu_count: int | None = None) -> SweepPlan:
+               gpu_count: int | None = None, cpu_count: int | None = None,
+               inventory: GpuInventory | None = None) -> SweepPlan:
     """Check a sweep against this machine before anything is written or started.
 
     Args:
@@ -190,26 +192,29 @@ def plan_sweep(cfg: RunConfig, counts: list[int] | None = None, steps: int = DEF
         counts: process counts; default 1..nproc when the config sets nproc, else 1..(chosen
             GPUs) on CUDA, 1..min(CPU cores, 8) on CPU.
         steps: optimizer steps per count.
-        gpu_count: GPUs visible (default: ask NVML).
+        gpu_count: plan for this many usable GPUs, indices 0..n-1 (default: ask NVML and
+            the installed torch, :func:`~ddp_engine.common.inventory.gpu_inventory`).
         cpu_count: usable CPU cores (default: this process's affinity).
+        inventory: the GPUs NVML lists and whether torch can use them (instead of
+            ``gpu_count``; the app passes its device picker's).
 
     Raises:
         ConfigError: naming the flag, the value and what is allowed.
     """
-    gpus_seen = gpus.gpu_count() if gpu_count is None else gpu_count
+    if inventory is None:
+        inventory = gpu_inventory() if gpu_count is None else GpuInventory.counted(gpu_count)
+    usable = [g.index for g in inventory.usable]
     cpus = gpus.cpu_count() if cpu_count is None else cpu_count
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}")
     if cfg.resume is not None:
         raise ConfigError(f"resume: a sweep trains every count from scratch; drop --resume "
                           f"{cfg.resume!r}")
-    device = resolved_device(cfg, gpus_seen)
-    if cfg.device == "cuda" and gpus_seen == 0:
-        raise ConfigError("device: 'cuda' asked for but no GPU is visible on this machine; "
-                          "use --device cpu")
+    check_devices(dataclasses.replace(cfg, nproc=None), inventory, cpus)  # device, gpus
+    device = resolved_device(cfg, len(usable))
     chosen: list[int] | None = None
     if device == "cuda":
-        chosen = cfg.gpus if cfg.gpus is not None else list(range(gpus_seen))
+        chosen = cfg.gpus if cfg.gpus is not None else usable
         limit = len(chosen)
         what = f"the {limit} GPUs chosen"
     else:
@@ -233,7 +238,7 @@ def plan_sweep(cfg: RunConfig, counts: list[int] | None = None, steps: int = DEF
         raise ConfigError(f"run_dir: {cfg.run_dir!r} already holds a sweep; choose a new folder")
     # The largest count is the strictest check of devices, plugins and paths.
     widest = plan.subrun_config(plan.counts[-1], run_dir or Path(cfg.runs_dir))
-    check_environment(dataclasses.replace(widest, run_dir=cfg.run_dir), gpu_count=gpus_seen,
+    check_environment(dataclasses.replace(widest, run_dir=cfg.run_dir), inventory=inventory,
                       cpu_count=cpus)
     return plan
 

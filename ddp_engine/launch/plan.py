@@ -13,6 +13,7 @@ from ddp_engine.common import gpus
 from ddp_engine.common.cluster import rendezvous_args
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
+from ddp_engine.common.inventory import gpu_inventory
 from ddp_engine.common.machine_checks import (
     check_environment,
     check_steps_left,
@@ -35,6 +36,9 @@ class Plan:
     """Variables set for the workers (on top of the launcher's own environment)."""
     torchrun_args: list[str]
     """torchrun's arguments (without the leading ``torchrun``)."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What the user should know about how the devices were resolved (``auto`` on CPU although
+    NVML lists GPUs, and why)."""
 
     def command(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
@@ -47,20 +51,25 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
     Raises:
         ConfigError: bad input, naming the field, the value and what is allowed.
     """
-    inventory = gpus.list_gpus()
+    inventory = gpu_inventory()
     cpus = gpus.cpu_count()
-    check_environment(cfg, gpu_count=len(inventory), cpu_count=cpus)
+    check_environment(cfg, inventory=inventory, cpu_count=cpus)
     if cfg.resume:
         from ddp_engine.rank import checkpoint  # imports torch: only when there is a file to check
 
-        check_steps_left(cfg, checkpoint.load(cfg.resume).get("step"))
-    device = resolved_device(cfg, len(inventory))
+        check_steps_left(cfg, checkpoint.recorded_step(cfg.resume))  # maps, reads no tensor
+    usable = inventory.usable
+    device = resolved_device(cfg, len(usable))
+    notes = [f"training on CPU: {inventory.cpu_note()}"] if (
+        device == "cpu" and cfg.device == "auto" and inventory.cpu_note()) else []
     changes: dict[str, Any] = {"device": device}
     env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
     if device == "cuda":
-        chosen = cfg.gpus if cfg.gpus is not None else list(range(cfg.nproc or len(inventory)))
+        chosen = (cfg.gpus if cfg.gpus is not None else
+                  [g.index for g in usable[:cfg.nproc or len(usable)]])
         changes.update(gpus=chosen, nproc=len(chosen))
-        env["CUDA_VISIBLE_DEVICES"] = gpus.visible_devices_for(chosen, inventory)
+        # By UUID: local rank i gets GPU chosen[i] whatever order CUDA numbers GPUs in.
+        env["CUDA_VISIBLE_DEVICES"] = gpus.visible_devices_for(chosen, usable)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS",
                                                 str(max(1, cpus // len(chosen))))
@@ -108,4 +117,4 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
             "--log-dir", str(run_dir / "logs"), "--redirects", "3",
             "--monitor-interval", "0.2", "--shutdown-timeout", str(cfg.shutdown_timeout_s),
             "-m", "ddp_engine.worker", "--config", str(run_dir / CONFIG_FILE)]
-    return Plan(resolved, device, env, args)
+    return Plan(resolved, device, env, args, notes)

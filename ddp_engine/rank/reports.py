@@ -78,12 +78,22 @@ def rank_entries(rows: list[list[float]], places: list[dict[str, object]],
         for k in entry:
             if (k.endswith("_bytes") or k == "sync_buckets") and entry[k] is not None:
                 entry[k] = round(entry[k])
-        entry["device"] = f"cuda:{int(got['local_rank'])}" if got["on_cuda"] else "cpu"
-        entry.update(places[r])  # host, node, local_rank
+        entry.update(places[r])  # host, node, local_rank, gpu (NVML index, UUID, name, bus)
+        entry["device"] = device_name(entry.get("gpu"), int(got["local_rank"]), got["on_cuda"])
         if logged and logged[r]:
             entry["logged"] = logged[r]
         ranks.append(entry)
     return ranks
+
+
+def device_name(gpu: object, local_rank: int, on_cuda: float) -> str:
+    """A rank's device as nvidia-smi names it, ``GPU 2``; ``cuda:<local rank>`` where NVML
+    could not name the GPU; ``cpu``."""
+    if not on_cuda:
+        return "cpu"
+    if isinstance(gpu, dict) and isinstance(gpu.get("index"), int):
+        return f"GPU {gpu['index']}"
+    return f"cuda:{local_rank}"
 
 
 def _finite_or_none(value: float) -> float | None:

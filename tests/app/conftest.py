@@ -31,7 +31,16 @@ def rank_rows(n: int, step: int) -> list[dict]:
              "data_wait_s": 0.0004, "forward_s": 0.002, "backward_s": 0.005,
              "optimizer_s": 0.001, "gpu_util_pct": 90.0 + r / 10, "gpu_mem_used_bytes": 2**34,
              "gpu_mem_total_bytes": 2**36, "gpu_temp_c": 60.0 + r, "gpu_power_w": 500.0,
-             "device": f"cuda:{r % 8}"} for r in range(n)]
+             "device": f"GPU {gpu_index(r)}", "local_rank": r % 8,
+             "gpu": {"index": gpu_index(r), "uuid": f"GPU-{gpu_index(r):08d}-0000-0000-0000-"
+                     "000000000000", "name": "NVIDIA H200", "pci_bus_id": "00000000:01:00.0"}}
+            for r in range(n)]
+
+
+def gpu_index(rank: int) -> int:
+    """The NVML index of rank ``rank``'s GPU in :func:`rank_rows`: local rank r on GPU 7 - r,
+    so a view that shows the local rank (or CUDA's number) instead of the GPU is caught."""
+    return 7 - rank % 8
 
 
 def _make(qtbot, tmp_path: Path, runs_dir: Path) -> MainWindow:

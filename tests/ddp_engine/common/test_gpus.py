@@ -8,6 +8,7 @@ import os
 from ddp_engine.common.gpus import (
     GpuProcess,
     Nvml,
+    driver_versions,
     gpu_count,
     gpu_leftovers,
     gpu_processes,
@@ -15,7 +16,7 @@ from ddp_engine.common.gpus import (
     visible_devices_for,
 )
 from tests.conftest import cuda
-from tests.simulated_nvml import SimulatedNvml
+from tests.simulated_nvml import SimulatedNvml, four_gpus, mig_gpu, two_gpus
 
 A, B = "GPU-aaaa1111-0000-0000-0000-000000000000", "GPU-bbbb2222-0000-0000-0000-000000000000"
 
@@ -23,24 +24,55 @@ A, B = "GPU-aaaa1111-0000-0000-0000-000000000000", "GPU-bbbb2222-0000-0000-0000-
 # ------------------------------------------------------------------------- simulated NVML
 def test_the_inventory_lists_every_gpu_in_nvml_order(simulated_nvml: SimulatedNvml) -> None:
     gpus = list_gpus({})
-    assert [(g.index, g.visible_id, g.name, g.uuid, g.pci_bus_id) for g in gpus] == [
-        (0, "0", "NVIDIA H200", A, "00000000:17:00.0"),
-        (1, "1", "NVIDIA RTX A6000", B, "00000000:65:00.0")]
-    assert gpus[1].mem_total_bytes == 48 * 2**30
+    assert [(g.index, g.name, g.uuid, g.pci_bus_id, g.mig) for g in gpus] == [
+        (0, "NVIDIA H200", A, "00000000:17:00.0", False),
+        (1, "NVIDIA RTX A6000", B, "00000000:65:00.0", False)]
+    assert gpus[1].mem_total_bytes == 48 * 2**30 and gpus[1].label == "GPU 1 (NVIDIA RTX A6000)"
     assert simulated_nvml.initialised == 0  # every session it opened was shut down
-    assert visible_devices_for([1, 0], gpus) == "1,0"
+    # the ranks get their GPUs by UUID: rank i gets the i-th GPU chosen, whatever CUDA's order
+    assert visible_devices_for([1, 0], gpus) == f"{B},{A}"
 
 
-def test_cuda_visible_devices_restricts_and_renumbers_the_inventory(
+def test_gpus_keep_their_nvml_index_under_cuda_visible_devices(
         simulated_nvml: SimulatedNvml) -> None:
-    by_index = list_gpus({"CUDA_VISIBLE_DEVICES": "1"})
-    assert [(g.index, g.visible_id, g.uuid) for g in by_index] == [(0, "1", B)]
-    by_uuid = list_gpus({"CUDA_VISIBLE_DEVICES": "GPU-bbbb2222,0"})  # a unique prefix will do
-    assert [(g.index, g.visible_id, g.uuid) for g in by_uuid] == [(0, "GPU-bbbb2222", B),
-                                                                  (1, "0", A)]
-    # CUDA ignores everything after the first entry it cannot match
-    assert [g.uuid for g in list_gpus({"CUDA_VISIBLE_DEVICES": "0,7,1"})] == [A]
+    """NVML's order is not PCI bus order here: NVML index 0 sits on bus 0x41, index 1 on 0x01.
+    A number in CUDA_VISIBLE_DEVICES counts in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID);
+    the GPUs keep the NVML index nvidia-smi shows."""
+    simulated_nvml.gpus = four_gpus()
+    uuid = [g.uuid for g in simulated_nvml.gpus]
+    assert [g.index for g in list_gpus({})] == [0, 1, 2, 3]
+    by_number = list_gpus({"CUDA_VISIBLE_DEVICES": "0,1"})  # bus 0x01, then bus 0x41
+    assert [(g.index, g.uuid) for g in by_number] == [(1, uuid[1]), (0, uuid[0])]
+    by_uuid = list_gpus({"CUDA_VISIBLE_DEVICES": f"{uuid[3]},GPU-2c2c"})  # a unique prefix
+    assert [g.index for g in by_uuid] == [3, 2]
+    assert visible_devices_for([3, 2], by_uuid) == f"{uuid[3]},{uuid[2]}"
+    # CUDA ignores everything after the first entry it cannot match (or a repeated one)
+    assert [g.index for g in list_gpus({"CUDA_VISIBLE_DEVICES": "0,7,1"})] == [1]
+    assert [g.index for g in list_gpus({"CUDA_VISIBLE_DEVICES": "0,0"})] == [1]
+    assert [g.index for g in list_gpus({"CUDA_VISIBLE_DEVICES": "GPU-,1"})] == []  # ambiguous
     assert list_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_a_mig_gpu_is_listed_as_such_and_a_mig_instance_ends_the_list(
+        simulated_nvml: SimulatedNvml) -> None:
+    simulated_nvml.gpus = [*two_gpus(), mig_gpu()]
+    gpus = list_gpus({})
+    assert [g.mig for g in gpus] == [False, False, True]  # listed, not an empty inventory
+    assert [g.index for g in list_gpus({"CUDA_VISIBLE_DEVICES": "2,MIG-abc,0"})] == [1]  # bus order
+
+
+def test_a_rank_names_its_gpu_by_uuid(simulated_nvml: SimulatedNvml) -> None:
+    simulated_nvml.gpus = four_gpus()
+    with Nvml() as nvml:
+        gpu = nvml.info_of("GPU-2c2c2c2c-0000-0000-0000-000000000000")
+        assert gpu is not None and gpu.label == "GPU 2 (NVIDIA GeForce RTX 4090)"
+        assert nvml.info_of("GPU-ffff") is None and nvml.info_of(9) is None
+
+
+def test_the_driver_says_which_cuda_it_supports(simulated_nvml: SimulatedNvml) -> None:
+    assert driver_versions() == ("550.54.15", (12, 4))
+    simulated_nvml.fail_init = True
+    assert driver_versions() == (None, None)
 
 
 def test_readings_are_none_where_the_gpu_cannot_say(simulated_nvml: SimulatedNvml) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import signal
 import subprocess
 import sys
@@ -89,3 +90,40 @@ def test_a_kill_mid_save_never_leaves_a_torn_checkpoint(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob(".last.pt.*.tmp"))) <= 1
     checkpoint.save_atomic(_payload(99), path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_a_cut_short_or_empty_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    good = tmp_path / "good.pt"
+    checkpoint.save_atomic(_payload(3) | {"big": torch.zeros(100_000)}, good)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(good.read_bytes()[:200_000])  # a copy that stopped half-way
+    with pytest.raises(ConfigError) as info:
+        checkpoint.recorded_step(cut)
+    assert re.fullmatch(rf"resume: {re.escape(repr(str(cut)))} is not a Rankscope checkpoint "
+                        r"\(RuntimeError: .*failed finding central directory\)",
+                        str(info.value)), str(info.value)  # without miniz's advice paragraph
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"^resume: '.*empty\.pt' is not a Rankscope checkpoint "
+                                          r"\(EOFError: the file is empty or cut short\)$"):
+        checkpoint.load(empty)
+
+
+def test_a_checkpoint_in_torchs_old_format_is_read_without_mapping(tmp_path: Path) -> None:
+    """torch.save's pre-1.6 format cannot be memory-mapped: it is read whole, as before."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    old = tmp_path / "old.pt"
+    torch.save(_payload(4) | {"model": model.state_dict(), "optimizer": opt.state_dict()}, old,
+               _use_new_zipfile_serialization=False)
+    assert checkpoint.recorded_step(old) == 4
+    fresh = torch.nn.Linear(8, 8)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    rest = checkpoint.load_into(old, fresh, fresh_opt)
+    assert rest["step"] == 4 and "model" not in rest and "optimizer" not in rest
+    assert torch.equal(fresh.weight, model.weight)
+    assert torch.equal(fresh_opt.state[fresh.weight]["momentum_buffer"],
+                       opt.state[model.weight]["momentum_buffer"])

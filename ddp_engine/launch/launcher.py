@@ -2,14 +2,16 @@
 
 The launcher process *is* torchrun's elastic agent: it builds a torchrun command line, parses it
 with torchrun's own parser and runs it through ``torch.distributed.run.run``. The agent starts
-one worker per device (each in its own session); on a stop signal it forwards it to them, waits
-``--shutdown-timeout`` and then SIGKILLs. The launcher keeps SIGINT/SIGTERM/SIGHUP for itself
-(torchrun handles only SIGQUIT here, see LauncherSignals) so that a second signal can force.
-Around that the launcher:
+one worker per device (each in its own session); on a stop signal it forwards it to them and
+waits for them. The launcher keeps SIGINT/SIGTERM/SIGHUP for itself (torchrun handles only
+SIGQUIT here, see LauncherSignals) so that a second signal can force. The shutdown timeout is
+the launcher's, not the agent's: the run monitor SIGKILLs ranks that outlive it, except while
+one saves a checkpoint (:mod:`ddp_engine.launch.shutdown`). Around that the launcher:
 
 - validates the config against this machine before anything starts (exit 2 on bad input);
 - keeps RUN_DIR/status.json current from a monitor thread and prints progress lines;
-- turns the agent's outcome into a final state (completed, stopped, failed) with a reason;
+- turns the agent's outcome into a final state (completed, stopped, failed) with a reason
+  (a collective timeout said as one, with where the heartbeats left each rank);
 - sweeps every process of the run (SIGTERM, then SIGKILL) so none outlives it.
 """
 
@@ -28,18 +30,22 @@ from typing import Any, TextIO
 from ddp_engine.common import gpus
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
+from ddp_engine.common.heartbeat import failure_hint, read_heartbeats
 from ddp_engine.common.processes import terminate_then_kill
 from ddp_engine.common.protocol import MONITOR_FILE
 from ddp_engine.common.run_dir import (
     CONFIG_FILE,
     atomic_write_json,
     failed_rank_log,
+    rank_log_files,
     read_rank_files,
     remove_partial_writes,
 )
 from ddp_engine.launch.monitor import RunMonitor, StatusFile, fmt_mib
 from ddp_engine.launch.plan import plan_launch
+from ddp_engine.launch.shutdown import AGENT_SHUTDOWN_S, ShutdownClock
 from ddp_engine.launch.signals import SWEEP_GRACE_S, LauncherSignals
+from ddp_engine.launch.timeouts import timeout_part, watchdog_line
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -62,17 +68,33 @@ def _environment(extra: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _failure_reason(failures: dict[int, Any], root: int) -> tuple[str, dict[str, Any]]:
+def _failure_reason(failures: dict[int, Any], root: int, logs: dict[int, Path] | None = None,
+                    timeout_s: float = 0.0) -> tuple[str, dict[str, Any]]:
     """A one-line reason naming each failed rank (the root cause first), and per-rank exit
-    details. Ranks as the run numbers them (see :func:`_our_rank`)."""
-    parts = []
+    details. Ranks as the run numbers them (see :func:`_our_rank`). Ranks that died of a
+    collective timeout (SIGABRT, or NCCL's watchdog in their log of ``logs``) are said so, once
+    for all of them (:mod:`ddp_engine.launch.timeouts`)."""
+    parts: list[str] = []
     details: dict[str, Any] = {}
     texts = set()
+    timed_out: list[int] = []
+    lines: list[str] = []
+    signalled = False
     for rank, f in sorted(failures.items(), key=lambda kv: (kv[0] != root, kv[0])):
         exitcode = int(f.exitcode)
         entry: dict[str, Any] = {"exit_code": exitcode, "pid": f.pid}
+        details[str(rank)] = entry
+        line = watchdog_line((logs or {}).get(rank))
         if exitcode < 0:
             entry["signal"] = f.signal_name()
+        if line is not None or entry.get("signal") == "SIGABRT":
+            entry["collective_timeout"] = True
+            signalled = signalled or exitcode < 0
+            lines += [line] if line is not None else []
+            if not timed_out:
+                parts.append("")  # the timed-out ranks' place: where the first of them is
+            timed_out.append(rank)
+        elif exitcode < 0:
             parts.append(f"rank {rank} was killed by signal {f.signal_name()}")
         else:
             raw = f.message
@@ -83,8 +105,10 @@ def _failure_reason(failures: dict[int, Any], root: int) -> tuple[str, dict[str,
             entry["error"] = text
             texts.add(text)
             parts.append(f"rank {rank} failed: {text}")
-        details[str(rank)] = entry
-    if len(failures) > 1 and len(texts) == 1 and len(parts) == len(failures) and all(
+    if timed_out:
+        part = timeout_part(timed_out, signalled, lines[0] if lines else None, timeout_s)
+        parts[parts.index("")] = part
+    elif len(failures) > 1 and len(texts) == 1 and len(parts) == len(failures) and all(
             "error" in d for d in details.values()):  # every rank says the same: once
         return f"ranks {', '.join(sorted(details, key=int))} failed: {texts.pop()}", details
     return "; ".join(parts), details
@@ -116,6 +140,8 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    for note in plan.notes:  # on stderr for a dry run: its stdout is the command and config
+        print(f"[rankscope] {note}", file=sys.stderr if cfg.dry_run else out, flush=True)
     if cfg.dry_run:
         print(plan.command(), file=out)
         print(plan.cfg.to_json(), file=out)
@@ -137,6 +163,8 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
                          node_rank=plan.cfg.node_rank)
     signals.monitor = monitor
     signals.forward_to_ranks = plan.cfg.multi_node
+    monitor.shutdown = ShutdownClock(plan.cfg.shutdown_timeout_s, monitor.say)
+    monitor.stop_signalled = lambda: signals.agent_signals > 0
     monitor.start()
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -155,14 +183,17 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         if not plan.cfg.multi_node:
             os.environ.pop(NODE_RANK_ENV, None)  # this launcher's own environment
         with _environment({**plan.env, "PET_SIGNALS_TO_HANDLE": "SIGQUIT"}):
-            torchrun(parse_args(plan.torchrun_args))
+            agent_args = parse_args(plan.torchrun_args)  # in the environment: PET_* defaults
+            agent_args.shutdown_timeout = AGENT_SHUTDOWN_S  # the monitor keeps the run's own
+            torchrun(agent_args)
         final = {"state": "completed"}
         code = EXIT_OK
     except ChildFailedError as e:
         root, _ = e.get_first_failure()  # the earliest failure: the likely root cause
         root = _our_rank(root, plan.cfg)
         reason, details = _failure_reason(
-            {_our_rank(r, plan.cfg): f for r, f in e.failures.items()}, root)
+            {_our_rank(r, plan.cfg): f for r, f in e.failures.items()}, root,
+            rank_log_files(run_dir), plan.cfg.dist_timeout_s)
         final = {"state": "failed", "reason": reason, "ranks": details, "root_rank": root}
     except SignalException as e:
         final = {"state": "stopped", "stop_signal": e.sigval.name}
@@ -227,8 +258,11 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
             # Every rank stopped cleanly and says why the run failed (a node's launcher
             # died): that, not how torchrun saw its ranks exit.
             final["reason"] = error.removeprefix("RunFailed: ")
-    if final.get("state") == "failed" and monitor.hang_hint:
-        final["reason"] += f"; before it failed, the run was stalled: {monitor.hang_hint}"
+    timed_out = any(d.get("collective_timeout") for d in (final.get("ranks") or {}).values())
+    hint = monitor.hang_hint or (failure_hint(read_heartbeats(run_dir)) if timed_out else None)
+    if final.get("state") == "failed" and hint:  # which rank the others waited for, and where
+        final["reason"] += ("; before it failed, the run was stalled: " if monitor.hang_hint
+                            else "; the heartbeats when it failed: ") + hint
     if leftover:
         final["swept_pids"] = leftover
     if plan.device == "cuda":  # processes gone by psutil; the GPUs must agree

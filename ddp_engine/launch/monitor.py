@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,6 +29,7 @@ from ddp_engine.common.run_dir import (
     read_rank_files,
 )
 from ddp_engine.common.runs import fmt_duration, fmt_number
+from ddp_engine.launch.shutdown import ShutdownClock
 
 
 class StatusFile:
@@ -100,6 +102,10 @@ class RunMonitor(threading.Thread):
         self.beat_print_s = beat_print_s
         self._beat_printed = 0.0
         self._first_beat: float | None = None
+        self.shutdown: ShutdownClock | None = None
+        """The run's shutdown timeout, kept here (see :mod:`ddp_engine.launch.shutdown`)."""
+        self.stop_signalled: Callable[[], bool] = lambda: False
+        """Whether the launcher got a stop signal: the shutdown timeout runs from then on."""
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
@@ -134,6 +140,10 @@ class RunMonitor(threading.Thread):
         first = self.node_rank * self.world_size  # this node's ranks only
         ranks = {r: d for r, d in read_rank_files(self.run_dir).items()
                  if first <= r < first + self.world_size}
+        if self.shutdown is not None:
+            if self.stop_signalled():
+                self.shutdown.start("a stop signal")
+            self.shutdown.poll_once(ranks, self.procs, lambda: read_heartbeats(self.run_dir))
         pids = {str(r): d.get("pid") for r, d in sorted(ranks.items())}
         if pids:
             self.status.update(pids=pids)
@@ -258,6 +268,10 @@ class RunMonitor(threading.Thread):
 
     def _print(self, line: str) -> None:
         print(f"[rankscope] {line}", file=self.out, flush=True)
+
+    def say(self, line: str) -> None:
+        """A line for the terminal, as the monitor's own (``[rankscope] ...``)."""
+        self._print(line)
 
 
 def fmt_mib(n: int | None) -> str:

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_engine.common.config_values import NODE_RANK_ENV
+from ddp_engine.common.gpus import Nvml, list_gpus
+from ddp_engine.common.inventory import FIX_CPU_BUILD
 from ddp_engine.common.lifeline import PARENT_DEATH_SIGNAL
 
 
@@ -70,16 +72,40 @@ def choose_backend(device_pref: str, local_world_size: int) -> str:
     """nccl when CUDA is wanted and every local rank has its own GPU, else gloo.
 
     Raises:
-        RuntimeError: device "cuda" was asked for but there are too few GPUs.
+        RuntimeError: device "cuda" was asked for but this torch cannot use CUDA, or there are
+            too few GPUs for the ranks.
     """
     gpus = torch.cuda.device_count() if device_pref != "cpu" else 0
     if gpus >= local_world_size and gpus > 0:
         return "nccl"
     if device_pref == "cuda":
+        if torch.version.cuda is None:
+            raise RuntimeError(f"device: cuda: the installed torch {torch.__version__} is a "
+                               f"CPU-only build; install the CUDA build: "
+                               f"{FIX_CPU_BUILD}")
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device: cuda: torch {torch.__version__} (CUDA "
+                               f"{torch.version.cuda}) cannot use the GPUs (the driver is too "
+                               "old for it, or not loaded): run python -m ddp_engine doctor")
         raise RuntimeError(f"device: cuda needs one GPU per local rank: {local_world_size} ranks, "
                            f"{gpus} GPUs visible (CUDA_VISIBLE_DEVICES="
                            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
     return "gloo"
+
+
+def device_id_is_safe(version: str) -> bool:
+    """Whether ``init_process_group(device_id=...)`` (eager NCCL init, bound to this rank's GPU)
+    is safe on torch ``version``: 2.3 added it, and 2.6.x to 2.7.0 hang at random in NCCL
+    collectives with it (pytorch/pytorch#153960, NCCL 2.26's non-blocking init, worked around
+    in 2.7.1). Without it torch.cuda.set_device(local_rank) binds the GPU, as the DDP tutorial
+    does."""
+    try:
+        major, minor, patch = (int("".join(c for c in p if c.isdigit()) or 0)
+                               for p in (version.split("+")[0].split(".") + ["0", "0"])[:3])
+    except ValueError:
+        return False
+    v = (major, minor, patch)
+    return v >= (2, 3, 0) and not (2, 6, 0) <= v < (2, 7, 1)
 
 
 @dataclass
@@ -106,10 +132,11 @@ def init_distributed(device_pref: str, timeout_s: float) -> DistContext:
     timeout = datetime.timedelta(seconds=timeout_s)
     if os.environ.get(NODE_RANK_ENV) and info.local_rank == 0:
         _claim_node(info, timeout)
-    # device_id binds the NCCL communicator to this rank's GPU eagerly.
+    # device_id binds the NCCL communicator to this rank's GPU eagerly (NCCL errors at init,
+    # not at the first all-reduce), where that is safe.
+    eager = backend == "nccl" and device_id_is_safe(torch.__version__)
     dist.init_process_group(backend=backend, timeout=timeout, rank=info.rank,
-                            world_size=info.world_size,
-                            device_id=device if backend == "nccl" else None)
+                            world_size=info.world_size, device_id=device if eager else None)
     # A group of its own even on gloo: the agreed-stop rounds run asynchronously beside DDP's
     # gradient all-reduces, and their own group (own connections and threads) keeps them out
     # of the gradient buckets' queue.
@@ -201,6 +228,7 @@ class StopFlag:
         # the interrupted main thread may hold.
         self._requested = False
         self._watchdog: threading.Timer | None = None
+        self._held = False  # a checkpoint is being saved: the watchdog waits (see hold())
         self._group = side_group
         self._every = every
         self.reason: str | None = None
@@ -264,7 +292,17 @@ class StopFlag:
             self._watchdog.cancel()
         self._watchdog = threading.Timer(grace_s, _give_up, args=(why, grace_s))
         self._watchdog.daemon = True
-        self._watchdog.start()
+        if not self._held:
+            self._watchdog.start()
+
+    def hold(self, held: bool) -> None:
+        """Held while a checkpoint is saved: no stop watchdog, as a slow disk is not a stuck
+        rank; released, it gets its whole grace period again (armed by a signal meanwhile)."""
+        self._held = held
+        if self._watchdog is not None and held:
+            self._watchdog.cancel()
+        elif self._watchdog is not None:
+            self._arm_watchdog(*self._watchdog.args)  # type: ignore[arg-type]
 
     def interval(self, per_step_s: float) -> int:
         """Steps until the next check: ``every``, or fewer when steps are slow, so that a stop
@@ -374,13 +412,35 @@ def _give_up(why: str, grace_s: float) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def rank_places(info: DistInfo, group: dist.ProcessGroup | None) -> list[dict[str, object]]:
-    """Where every rank runs, row r for rank r: its node's host name, node rank and local rank
-    (gathered once, at start: telemetry names them in every rank entry)."""
+def rank_places(info: DistInfo, group: dist.ProcessGroup | None,
+                device: torch.device | None = None) -> list[dict[str, object]]:
+    """Where every rank runs, row r for rank r: its node's host name, node rank and local rank,
+    and a GPU rank's GPU as NVML names it (see :func:`gpu_identity`); gathered once, at start:
+    telemetry names them in every rank entry."""
     mine: dict[str, object] = {"host": socket.gethostname(), "node": info.node_rank,
                                "local_rank": info.local_rank}
+    gpu = gpu_identity(device) if device is not None and device.type == "cuda" else None
+    if gpu is not None:
+        mine["gpu"] = gpu
     if group is None or info.world_size == 1:
         return [mine]
     places: list[dict[str, object] | None] = [None] * info.world_size
     dist.all_gather_object(places, mine, group=group)
     return [p if p is not None else {} for p in places]
+
+
+def gpu_identity(device: torch.device) -> dict[str, object] | None:
+    """The GPU of CUDA ``device`` as nvidia-smi names it: NVML index, UUID, name, PCI bus id
+    (CUDA's device numbers depend on CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER; the UUID is
+    the same for CUDA and NVML). None where NVML cannot say."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    with Nvml() as nvml:
+        found = nvml.info_of(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}") if uuid else None
+    if found is None:  # an old torch without .uuid: CUDA_VISIBLE_DEVICES's order
+        visible = list_gpus()
+        found = visible[index] if index < len(visible) else None
+    if found is None:
+        return None
+    return {"index": found.index, "uuid": found.uuid, "name": found.name,
+            "pci_bus_id": found.pci_bus_id}

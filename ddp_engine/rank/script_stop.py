@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddp_engine.rank import checkpoint
+from ddp_engine.rank.save_wait import while_rank0_writes
 
 if TYPE_CHECKING:
     from ddp_engine.rank.script_watch import ScriptWatch
@@ -61,3 +62,30 @@ def save_stop_checkpoint(payload: Any, run_dir: Path, step: int, has_on_stop: bo
     except OSError as e:
         raise checkpoint.write_error(e, step, path, "no checkpoint is kept") from e
     return path
+
+
+def save_at_stop(watch: ScriptWatch) -> None:
+    """Every rank, at an agreed stop: the on_stop functions; rank 0 saves what they return,
+    or by default the DDP module's and the first optimizer's state (:func:`stop_payload`),
+    while the others wait for it (:func:`~ddp_engine.rank.save_wait.while_rank0_writes`:
+    however long the write takes, with no stop watchdog meanwhile)."""
+    watch.stop.hold(True)  # on_stop functions may save a big model themselves
+    try:
+        payload = None if watch.reporter.poisoned else stop_payload(watch)  # NaN: not kept
+    finally:
+        watch.stop.hold(False)
+
+    def write() -> None:
+        _enter(watch, "save")  # not a collective: the others wait for this rank
+        path = save_stop_checkpoint(payload, watch.run_dir, watch.step, bool(watch.on_stop_fns))
+        _enter(watch, "checkpoint")
+        if path is not None:
+            watch.reporter.event("checkpoint_saved", step=watch.step, epoch=watch.epoch,
+                                 paths=[str(path)])
+
+    while_rank0_writes(watch.group, watch.info.rank, write, watch.cfg.dist_timeout_s, watch.stop)
+
+
+def _enter(watch: ScriptWatch, phase: str) -> None:
+    if watch.heartbeat is not None:
+        watch.heartbeat.enter(phase, watch.step)

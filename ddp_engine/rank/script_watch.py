@@ -43,7 +43,7 @@ from ddp_engine.rank.distributed import DistInfo, StopFlag, rank_places
 from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.reports import Interval
-from ddp_engine.rank.script_stop import ScriptStopped, save_stop_checkpoint, stop_payload
+from ddp_engine.rank.script_stop import ScriptStopped, save_at_stop
 from ddp_engine.rank.sync_timing import StepTimer
 from ddp_engine.rank.telemetry import Telemetry
 
@@ -240,11 +240,13 @@ class ScriptWatch:
         """After the script's init_process_group: the side group (every rank makes it at the
         same point), where every rank runs, the device, and the run's start."""
         backend = dist.get_backend()
+        if backend == "nccl" and torch.cuda.is_available():
+            self.device = torch.device("cuda", self.info.local_rank)  # the standard recipe
         if self.info.world_size > 1:
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(
                 seconds=self.cfg.dist_timeout_s))
             self.stop.attach(self.group)
-            self.reporter.attach(self.group, rank_places(self.info, self.group))
+        self.reporter.attach(self.group, rank_places(self.info, self.group, self.device))
         places = self.reporter.places
         self.reporter.event("run_start", total_steps=self.cfg.max_steps,
                             world_size=self.info.world_size, steps_per_epoch=None,
@@ -252,8 +254,6 @@ class ScriptWatch:
                             script=self.cfg.script,
                             nnodes=len({p.get("node") for p in places}),
                             hosts=sorted({str(p.get("host")) for p in places}))
-        if backend == "nccl" and torch.cuda.is_available():
-            self.device = torch.device("cuda", self.info.local_rank)  # the standard recipe
         self._start_sampling()
 
     def _start_sampling(self) -> None:
@@ -347,8 +347,11 @@ class ScriptWatch:
     def _row(self) -> list[float]:
         """This rank's report since the last one, as the round's row (reporting steps
         only)."""
+        self._phase("report")  # the loss read waits for the device (on CUDA: its all-reduce)
         values: dict[str, float | None] = dict(self._interval.take())  # the loss's .item():
         # a host-device sync point, on reporting steps only
+        if self.heartbeat is not None:
+            self.heartbeat.synced(self.step)
         if self.ddp is None:
             values["samples_per_s"] = None  # no forward seen: the batch size is unknown
         if self.timer is not None:
@@ -361,7 +364,9 @@ class ScriptWatch:
         values["logged_keys"] = self.logged.take(self.step)
         values["local_rank"] = self.info.local_rank
         values["on_cuda"] = 1.0 if self.device.type == "cuda" else 0.0
-        return self.reporter.row(self.step, self.epoch, values)
+        row = self.reporter.row(self.step, self.epoch, values)
+        self._phase("stop_check")  # the round that carries it
+        return row
 
     def _end(self, outcome: str) -> None:
         """Every rank agreed to end after this step: the last report, the checkpoint, and
@@ -371,23 +376,10 @@ class ScriptWatch:
         if outcome == "stopped":
             self.reporter.event("stopping", step=self.step, reason=self.stop.reason)
             self._phase("checkpoint")
-            self._save()
+            save_at_stop(self)
         self._finished = True
         if not self.uses_should_stop:
             raise ScriptStopped(self.step, outcome)
-
-    def _save(self) -> None:
-        """on_stop functions on every rank; rank 0 saves what they return, or by default the
-        DDP module's and the first optimizer's state (see :mod:`ddp_engine.rank.script_stop`)."""
-        payload = None if self.reporter.poisoned else stop_payload(self)  # NaN: not kept
-        if self.info.rank == 0:
-            path = save_stop_checkpoint(payload, self.run_dir, self.step,
-                                        bool(self.on_stop_fns))
-            if path is not None:
-                self.reporter.event("checkpoint_saved", step=self.step, epoch=self.epoch,
-                                    paths=[str(path)])
-        if self.group is not None:
-            dist.barrier(group=self.group)  # rank 0 has saved: every rank leaves together
 
     def finish(self) -> None:
         """The last report of a script that ends by itself (at its destroy_process_group, or
@@ -435,6 +427,7 @@ class ScriptWatch:
 
     def _phase(self, phase: str) -> None:
         if self.heartbeat is not None:
+            self.heartbeat.device = self.device.type  # on CUDA its host may run ahead of it
             self.heartbeat.enter(phase, self.step)
 
     def unavailable(self) -> dict[str, str]:

@@ -35,6 +35,7 @@ from ddp_engine.rank.reports import (
     TIMING_FIELDS,
     Interval,
 )
+from ddp_engine.rank.save_wait import while_rank0_writes
 from ddp_engine.rank.sync_timing import StepTimer
 from ddp_engine.rank.telemetry import Telemetry
 
@@ -66,6 +67,8 @@ class Trainer:
                  telemetry: Telemetry | None = None, heartbeat: Heartbeat | None = None) -> None:
         self.cfg = cfg
         self.heartbeat = heartbeat
+        if heartbeat is not None:
+            heartbeat.device = ctx.device.type  # on CUDA its host may run ahead of the GPU
         self.ctx = ctx
         self.rank = ctx.info.rank
         self.world = ctx.info.world_size
@@ -83,7 +86,7 @@ class Trainer:
         self._sync_debug = (os.environ.get("RANKSCOPE_SYNC_DEBUG") == "1"
                             and ctx.device.type == "cuda")
 
-        self.places = rank_places(ctx.info, ctx.side_group)  # host, node, local rank per rank
+        self.places = rank_places(ctx.info, ctx.side_group, ctx.device)  # host, node, GPU per rank
         self.reporter.attach(ctx.side_group, self.places)
         self.data: DataBundle = self._build_data()
         torch.manual_seed(cfg.seed)  # same initial weights everywhere (DDP broadcasts rank 0's)
@@ -147,13 +150,9 @@ class Trainer:
         return data
 
     def _resume(self, path: str) -> None:
-        # On the CPU: load_state_dict moves tensors to the parameters' devices, and RNG states
-        # must stay CPU byte tensors.
-        state = checkpoint.load(path, map_location="cpu")
-        self.model.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        # Mapped on the CPU, not read: load_state_dict copies into the parameters on their
+        # devices, and RNG states must stay CPU byte tensors.
+        state = checkpoint.load_into(path, self.model.module, self.optimizer, self.scaler)
         self.pos = Position(int(state["step"]), int(state["epoch"]),
                             int(state["step_in_epoch"]))
         rngs = state.get("rng") or []
@@ -207,16 +206,14 @@ class Trainer:
                 report_due = step % cfg.log_every == 0 or last or checkpoint_due
                 self._phase("stop_check")
                 rounds = self.stop.after_step(
-                    step, (lambda: self._row(interval)) if report_due else None,
+                    step, (lambda: self._report(interval)) if report_due else None,
                     flush=checkpoint_due or last)
                 if self.reporter.publish(rounds, step, self.pos.epoch) or self.stop.stopping:
                     outcome = "stopped"
                     break
                 if checkpoint_due:
-                    self._phase("checkpoint")
                     self.save_checkpoint(periodic=True)
                 if self.val_loader is not None and cfg.eval_every and step % cfg.eval_every == 0:
-                    self._phase("eval")
                     interval.eval_s += self.evaluate()["eval_s"]  # work the steps waited for
                     self.model.train()
                 if last:
@@ -228,7 +225,7 @@ class Trainer:
                 self.pos.step_in_epoch = 0
         self.stop.settle()  # a round left in flight by a break (its report is not needed)
         if interval.steps and not self.reporter.poisoned:  # the steps since the last report
-            self.reporter.publish([self.stop.gather(self.pos.step, self._row(interval))],
+            self.reporter.publish([self.stop.gather(self.pos.step, self._report(interval))],
                                   self.pos.step, self.pos.epoch)
         if outcome == "stopped":
             self.reporter.event("stopping", step=self.pos.step, reason=self.stop.reason)
@@ -290,7 +287,10 @@ class Trainer:
                 self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         if self.scaler is not None:
+            self._phase("sync")  # the scaler reads found_inf: the host waits for the all-reduce
             self.scaler.step(self.optimizer)
+            self._synced()
+            self._phase("optimizer")
             self.scaler.update()
         else:
             self.optimizer.step()
@@ -310,6 +310,20 @@ class Trainer:
         """Tell the heartbeat where the loop is (two attribute writes, no I/O)."""
         if self.heartbeat is not None:
             self.heartbeat.enter(phase, self.pos.step)
+
+    def _synced(self) -> None:
+        """Tell the heartbeat the host saw the device finish this step (a sync point)."""
+        if self.heartbeat is not None:
+            self.heartbeat.synced(self.pos.step)
+
+    def _report(self, interval: Interval) -> list[float]:
+        """:meth:`_row` in the ``report`` phase: its loss read is where the host waits for the
+        device (on CUDA, for the step's queued all-reduce too), and a hang there is in it."""
+        self._phase("report")
+        row = self._row(interval)
+        self._synced()
+        self._phase("stop_check")
+        return row
 
     def _kept(self) -> str:
         """Which checkpoint a run that ends now leaves, in words."""
@@ -336,9 +350,11 @@ class Trainer:
         """Validation loss (and accuracy for classification) over all ranks' shards, and how
         long it took (``eval_s``, this rank's seconds)."""
         assert self.val_loader is not None
+        self._phase("eval")
         started = time.perf_counter()
         result = validation_metrics(self.model, self.val_loader, self.loss_fn, self.device,
                                     self.autocast_dtype, self.data.info.task == "classification")
+        self._synced()  # its metrics were read off the device
         result["eval_s"] = time.perf_counter() - started
         self._last_eval_step = self.pos.step
         self.reporter.event("eval", step=self.pos.step, epoch=self.pos.epoch, **result)
@@ -346,12 +362,21 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, *, periodic: bool) -> None:
-        """Collective: every rank contributes its RNG state; rank 0 alone writes the file."""
+        """Collective: every rank contributes its RNG state; rank 0 alone writes the file while
+        the others wait for it on the side group, however long the write takes (no collective
+        timeout, no stop watchdog meanwhile: :mod:`ddp_engine.rank.save_wait`)."""
+        self._phase("checkpoint")
+        group = self.ctx.side_group
         rngs: list[Any] = [None] * self.world
-        dist.all_gather_object(rngs, checkpoint.capture_rng(), group=self.ctx.side_group)
-        if self.rank != 0:
-            self._last_checkpoint_step = self.pos.step
-            return
+        dist.all_gather_object(rngs, checkpoint.capture_rng(), group=group)
+        while_rank0_writes(group, self.rank, lambda: self._write_checkpoint(rngs, periodic),
+                           self.cfg.dist_timeout_s, self.stop)
+        self._last_checkpoint_step = self.pos.step
+
+    def _write_checkpoint(self, rngs: list[Any], periodic: bool) -> None:
+        """Rank 0: last.pt (and step-N.pt, if kept) from this rank's state and ``rngs``, in the
+        heartbeat's ``save`` phase (not a collective: the others wait for this rank)."""
+        self._phase("save")
         pos = self.pos
         epoch, step_in_epoch = pos.epoch, pos.step_in_epoch
         if step_in_epoch >= self.steps_per_epoch:
@@ -380,5 +405,7 @@ class Trainer:
                 raise checkpoint.write_error(e, pos.step, path, self._kept()) from e
             if path.name == "last.pt":
                 self._last_checkpoint_step = pos.step
+        self._synced()  # the weights were copied off the device
+        self._phase("checkpoint")
         self.reporter.event("checkpoint_saved", step=pos.step, epoch=epoch,
-                         paths=[str(p) for p in paths])
+                            paths=[str(p) for p in paths])

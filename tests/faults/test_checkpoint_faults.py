@@ -14,8 +14,8 @@ import pytest
 
 from ddp_engine.common.run_dir import read_rank_files, read_status
 from ddp_engine.rank import checkpoint
-from tests.conftest import endless_run, run_engine, start_engine, wait_for
-from tests.ddp_engine.launch.test_launcher import assert_no_process_left
+from tests.conftest import FAULTY, endless_run, run_engine, start_engine, wait_for
+from tests.ddp_engine.launch.test_launcher import assert_no_process_left, events, metrics
 from tests.faults.conftest import fault_case
 
 pytestmark = pytest.mark.slow
@@ -121,3 +121,36 @@ def test_a_full_disk_at_checkpoint_time_is_named_and_keeps_the_last(
     observed.append(f"filled {filled / 2**20:.0f} MiB; failed {status['ended'] - filled_at:.1f} "
                     f"s later: \"{reason[:150]}...\"; last.pt (step {kept}) loads; no temp "
                     "file; no process left")
+
+
+@fault_case("Rank 0's checkpoint write takes 8 s, longer than the process-group timeout "
+            "(--dist-timeout-s 5) and the shutdown timeout (--shutdown-timeout-s 2); Ctrl+C "
+            "mid-run",
+            "the other rank waits for each write (no collective timeout) and training goes on; "
+            "the stop's final checkpoint is written whole although it outlasts the shutdown "
+            "timeout: stopped (not forced), last.pt at the stop step; no process left")
+def test_a_checkpoint_slower_than_every_timeout_is_waited_for(tmp_path: Path,
+                                                              observed: list[str]) -> None:
+    slow = ("--model", f"{FAULTY}:slow_to_save", "--checkpoint-every", "3", "--log-every", "3",
+            "--dist-timeout-s", "5", "--shutdown-timeout-s", "2")
+    with endless_run(tmp_path, *slow) as (proc, run_dir):
+        wait_for(lambda: events(run_dir, "checkpoint_saved") or proc.poll() is not None, 120,
+                 "a first checkpoint")
+        wait_for(lambda: len(metrics(run_dir)) >= 2 or proc.poll() is not None, 60,
+                 "training to go on after the save")
+        assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+        took = time.monotonic() - stopped_at
+    out = (tmp_path / "out.log").read_text()
+    status = read_status(run_dir)
+    assert code == 0 and status["state"] == "stopped" and not status.get("forced"), out[-3000:]
+    saved = events(run_dir, "checkpoint_saved")
+    assert saved[-1]["step"] == status["step"]
+    assert checkpoint.load(run_dir / "checkpoints" / "last.pt")["step"] == status["step"]
+    assert "in a checkpoint save: the shutdown timeout (2 s) counts from its end" in out
+    assert took > 8  # the final save alone outlasted the shutdown timeout 4 times over
+    assert_no_process_left(run_dir)
+    observed.append(f"{len(saved)} saves of 8 s each; stopped {took:.0f} s after Ctrl+C "
+                    f"at step {status['step']} with last.pt of that step; no process left")

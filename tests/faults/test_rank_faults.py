@@ -213,6 +213,30 @@ def test_the_process_group_timeout_fails_a_hung_run(tmp_path: Path,
                     "process left")
 
 
+@fault_case("A rank hangs; the rank waiting for it in the all-reduce is aborted (SIGABRT), as "
+            "NCCL's watchdog aborts a rank at a collective timeout",
+            "failed; the reason says the aborted rank most likely hit a collective timeout and "
+            "where the heartbeats left each rank (the hung one named); no process left")
+def test_a_rank_aborted_at_a_collective_timeout_is_said_so_with_the_hang(
+        tmp_path: Path, observed: list[str]) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_engine("launch", "--nproc", "2", "--max-steps", "100000", "--log-every", "1",
+                      "--shutdown-timeout-s", "2", "--loss",
+                      f"{FAULTY}:abort_rank0_while_rank1_hangs", "--run-dir", str(run_dir))
+    status = read_status(run_dir)
+    assert proc.returncode == 1 and status["state"] == "failed", proc.stdout[-2000:]
+    reason = status["reason"]
+    assert reason.startswith("rank 0 was aborted (SIGABRT), most likely by a collective "
+                             "timeout: NCCL's watchdog aborts a rank when a collective waited "
+                             "longer than the process-group timeout (120 s"), reason
+    assert "; the heartbeats when it failed: rank 1 has been in forward of step 5 for " in reason
+    assert "while rank 0 waits in backward (a collective): look at rank 1's log" in reason
+    assert status["exit_codes"]["0"] == -6 and status["ranks"]["0"]["collective_timeout"]
+    assert_no_process_left(run_dir)
+    observed.append(f"\"{reason[:60]}...{reason[reason.index('; the heartbeats'):]}\"; no "
+                    "process left")
+
+
 @cuda
 @fault_case("On GPUs (nccl): the launcher is SIGKILLed mid-run",
             "the ranks exit and NVML's compute-process list no longer shows any of them (no "

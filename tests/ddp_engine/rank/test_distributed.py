@@ -14,7 +14,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ddp_engine.common.config_values import NODE_RANK_ENV
-from ddp_engine.rank.distributed import LOST_LAUNCHER, STOP_CHECK_S, DistInfo, StopFlag
+from ddp_engine.rank.distributed import (
+    LOST_LAUNCHER,
+    STOP_CHECK_S,
+    DistInfo,
+    StopFlag,
+    choose_backend,
+    device_id_is_safe,
+)
 
 
 def _rank(rank: int, port: int, slow_s: float, out: str, lost: bool = False) -> None:
@@ -116,3 +123,23 @@ def test_ranks_are_numbered_by_node_rank_not_by_the_rendezvous(monkeypatch) -> N
     monkeypatch.delenv(NODE_RANK_ENV)
     monkeypatch.setenv("RANK", "3")
     assert DistInfo.from_env().rank == 3  # one node, or torchrun alone: torchrun's numbers
+
+
+def test_device_cuda_with_a_cpu_build_of_torch_says_so_and_how_to_fix_it() -> None:
+    """Not "too few GPUs (CUDA_VISIBLE_DEVICES=...)": the torch installed cannot use CUDA."""
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("this torch is a CUDA build")
+    with pytest.raises(RuntimeError, match=r"^device: cuda: the installed torch .* CPU-only "
+                       r"build; install the CUDA build: make clean install TORCH=cuda$"):
+        choose_backend("cuda", 2)
+    assert choose_backend("auto", 2) == "gloo"
+
+
+@pytest.mark.parametrize(("version", "safe"), [
+    ("2.2.2", False), ("2.3.0", True), ("2.5.1+cu124", True), ("2.6.0", False),
+    ("2.7.0+cu128", False), ("2.7.1", True), ("2.13.0+cpu", True), ("2.8.0a0+git1234", True)])
+def test_device_id_is_passed_only_where_torch_is_known_not_to_hang_with_it(version: str,
+                                                                           safe: bool) -> None:
+    assert device_id_is_safe(version) is safe

@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import rankscope
 from ddp_engine.common.config import RunConfig
+from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.common.run_dir import iter_metrics
 from ddp_engine.rank.distributed import DistInfo, StopFlag
 from ddp_engine.rank.logged import MAX_KEYS, LoggedScalars
@@ -97,6 +98,31 @@ def test_the_batch_is_counted_from_training_forwards_only(watch: ScriptWatch) ->
     entry = m["ranks"][0]
     assert entry["sync_time_s"] is not None and entry["sync_time_s"] >= 0
     assert entry["loss"] is not None  # the mean over the steps that had one
+
+
+def test_the_loss_is_read_in_the_report_phase(watch: ScriptWatch, tmp_path: Path) -> None:
+    """The watch's loss read on a reporting step (``.item()``, where a GPU rank's host waits
+    for its device and the all-reduce queued on it) happens in the heartbeat's ``report``."""
+    (tmp_path / "ranks").mkdir(exist_ok=True)
+    watch.heartbeat = hb = Heartbeat(tmp_path, 0)
+    reads: list[tuple[str, int]] = []
+
+    class ReadProbe(torch.Tensor):
+        """A loss that notes the heartbeat's phase whenever the host reads it."""
+
+        def item(self):  # type: ignore[override]
+            reads.append((hb.phase, hb.step))
+            return super().item()
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(6):
+        # torch.autograd.backward, not loss.backward(): Tensor.backward hands the watch a plain
+        # tensor (it runs with the subclass's torch functions off), which would read unseen.
+        torch.autograd.backward(model(torch.randn(8, 4)).pow(2).mean().as_subclass(ReadProbe))
+        opt.step()
+    assert reads == [("report", 5)]  # log_every=5
+    assert hb.synced_step == 5 and hb.phase == "data"
 
 
 def test_first_batch_size_looks_into_containers() -> None:

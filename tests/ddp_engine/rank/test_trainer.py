@@ -10,6 +10,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from ddp_engine.common.config import RunConfig
+from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.common.run_dir import iter_metrics
 from ddp_engine.rank.distributed import StopFlag, init_distributed, teardown
 from ddp_engine.rank.telemetry import Telemetry
@@ -196,3 +197,27 @@ def test_a_trainer_and_its_ddp_module_go_without_a_garbage_collection(ctx, tmp_p
         assert module() is None
     finally:
         gc.enable()
+
+
+def test_the_loss_is_read_in_the_report_phase_on_reporting_steps_only(ctx, tmp_path) -> None:
+    """On a GPU the loss read (``.item()``) is where the host waits for the device and so for
+    the step's queued all-reduce: the heartbeat must say ``report`` there, and that the host
+    has seen the device finish the step (``synced_step``)."""
+    t = _trainer(ctx, tmp_path, max_steps=6, log_every=3,
+                 dataset_args={"num_samples": 256, "val_samples": 0})
+    (t.run_dir / "ranks").mkdir()
+    t.heartbeat = hb = Heartbeat(t.run_dir, 0)
+    reads: list[tuple[str, int]] = []
+
+    class ReadProbe(torch.Tensor):
+        """A loss that notes the heartbeat's phase whenever the host reads it."""
+
+        def item(self):  # type: ignore[override]
+            reads.append((hb.phase, hb.step))
+            return super().item()
+
+    loss_fn = t.loss_fn
+    t.loss_fn = lambda out, y: loss_fn(out, y).as_subclass(ReadProbe)
+    assert t.run() == "completed"
+    assert reads == [("report", 3), ("report", 6)]
+    assert hb.synced_step == 6

@@ -28,9 +28,11 @@ from PySide6.QtWidgets import (
 )
 
 from app.charts.base import Chart
-from app.charts.panels import DevicePanel, LoggedPanel, LossPanel, SyncPanel, ThroughputPanel
+from app.charts.panels import DevicePanel, LoggedPanel, LossPanel, ThroughputPanel
+from app.charts.sync_panel import SyncPanel
 from app.metric_store import MetricStore
 from app.run_model import progress_text, unavailable_text, warning_text
+from ddp_engine.common.doctor_result import load_doctor
 from ddp_engine.common.heartbeat import fmt_seconds, hang_hint, read_heartbeats, stall_text
 from ddp_engine.common.runs import fmt_duration
 
@@ -125,7 +127,7 @@ class Dashboard(QWidget):
         self._labels_at = float("-inf")
         self.labels_s = LABELS_S
         self._alerts_at = -ALERTS_S
-        self.run_dir: Path | None = None  # the run shown: its heartbeats word the hang hint
+        self._run_dir: Path | None = None
         self.catch_up_ms = CATCH_UP_MS
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.redraw)
@@ -181,6 +183,29 @@ class Dashboard(QWidget):
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt's name)
         self._arrange(2 if event.size().width() >= TWO_COLUMNS_MIN_WIDTH else 1)
         super().resizeEvent(event)
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run shown: its heartbeats word the hang hint, and its runs folder's doctor.json
+        is what its sync bandwidth is compared with."""
+        return self._run_dir
+
+    @run_dir.setter
+    def run_dir(self, folder: Path | None) -> None:
+        self._run_dir = folder
+        self.load_reference()
+
+    def load_reference(self) -> None:
+        """Read the machine's measured all-reduce bandwidth (``doctor``) kept in the shown run's
+        runs folder (or, for a sweep's run, its group's)."""
+        folder = self._run_dir
+        found = None
+        for parent in (folder.parent, folder.parent.parent) if folder else ():
+            found = load_doctor(parent)
+            if found is not None:
+                break
+        self.sync.reference = found
+        self.labels_version = -1  # the caption says it at the next frame
 
     def reset(self) -> None:
         self.store.clear()

@@ -28,6 +28,7 @@ from app.dialogs import (
     dock_toggle,
     warn,
 )
+from app.doctor_dialog import open_for
 from app.launch_panel import LaunchPanel, refill_config
 from app.logs_view import LogsView
 from app.metric_store import MetricStore
@@ -125,6 +126,8 @@ class MainWindow(QMainWindow):
         toolbar.addActions([self.start_action, self.stop_action])
         toolbar.addSeparator()
         toolbar.addAction(self.attach_action)
+        toolbar.addAction(action(self, "Check devices...", None, lambda: open_for(
+            self, self.runs.runs_dir, self.panel.devices, self.dashboard.load_reference)))
         toolbar.addSeparator()
         toolbar.addActions([dock_toggle(self.launch_dock, "Launch panel", "Ctrl+1"),
                             dock_toggle(runs_dock, "Runs panel", "Ctrl+2")])

@@ -203,7 +203,7 @@ class DevicePanel(PairPanel):
 
     @staticmethod
     def _gpu(store: MetricStore, rank: int) -> bool:
-        return store.info.devices.get(rank, "").startswith("cuda")
+        return store.info.devices.get(rank, "").startswith(("GPU", "cuda"))
 
     def _name(self, store: MetricStore, rank: int) -> str:
         device = store.info.devices.get(rank, "")
@@ -284,86 +284,6 @@ class DevicePanel(PairPanel):
         return text + (f" of {_fmt((total or 0) / 2**30, ' GiB')}), temperature max "
                        f"{_fmt(store.spread('gpu_temp_c')[2].last(), ' °C')}, power total "
                        f"{_fmt(sum(w for w in power if w is not None and np.isfinite(w)), ' W')}")
-
-
-class SyncPanel(PairPanel):
-    """Gradient all-reduce time and its exposed part per rank, their share of the step, and the
-    step-time breakdown of the last interval (the caption, which goes with the sync chart)."""
-
-    BREAKDOWN = (("data_wait_s", "data"), ("forward_s", "fwd"), ("backward_s", "bwd"),
-                 ("sync_exposed_s", "exposed sync"), ("optimizer_s", "opt"),
-                 ("eval_s", "eval"))
-
-    def __init__(self) -> None:
-        self.sync = Chart("Gradient sync per step", "ms")
-        self.share = Chart("Sync share of step time", "%")
-        super().__init__(self.sync, self.share, self._sync_caption)
-
-    def redraw(self, store: MetricStore) -> None:
-        self.redraw_sync(store)
-        self.redraw_share(store)
-        self.redraw_caption(store)
-
-    def redraw_sync(self, store: MetricStore) -> None:
-        if store.many_ranks:
-            n = len(store.ranks())
-            lo, mid, hi = store.spread("sync_time_s")
-            self.sync.set_spread(f"{n} ranks", mid.x, lo.y * 1e3, mid.y * 1e3, hi.y * 1e3,
-                                 color(0))
-            exposed = store.spread("sync_exposed_s")[1]
-            self.sync.set_data("exposed median", exposed.x, exposed.y * 1e3, color(0),
-                               dashed=True)
-            return
-        for rank in store.ranks():
-            sync = store.get(rank, "sync_time_s")
-            exposed = store.get(rank, "sync_exposed_s")
-            self.sync.set_data(f"rank {rank}", sync.x, sync.y * 1e3, color(rank))
-            self.sync.set_data(f"rank {rank} exposed", exposed.x, exposed.y * 1e3, color(rank),
-                               dashed=True)
-
-    def _sync_caption(self, store: MetricStore) -> str:
-        if store.many_ranks:
-            return self._spread_caption(store)
-        lines = (self._rank_breakdown(store, rank, f"rank {rank}") for rank in store.ranks())
-        return "\n".join(line for line in lines if line)
-
-    def redraw_share(self, store: MetricStore) -> None:
-        if store.many_ranks:
-            lo, mid, hi = store.spread("sync_share_pct")
-            self.share.set_spread(f"{len(store.ranks())} ranks", mid.x, lo.y, mid.y, hi.y,
-                                  color(0))
-            return
-        for rank in store.ranks():
-            sync = store.get(rank, "sync_time_s")
-            step = store.get(rank, "step_time_s")
-            n = min(len(sync), len(step))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                share = 100 * sync.y[:n] / step.y[:n]
-            self.share.set_data(f"rank {rank}", sync.x[:n], share, color(rank))
-
-    @classmethod
-    def _breakdown(cls, who: str, total: float | None, last: dict[str, float | None]) -> \
-            str | None:
-        parts = [f"{label} {v * 1e3:.1f}" for key, label in cls.BREAKDOWN
-                 if (v := last[key]) is not None and np.isfinite(v)
-                 and (v or key != "eval_s")]  # eval: only in the intervals that had one
-        return f"{who} step {total * 1e3:.1f} ms = " + ", ".join(parts) if parts and total \
-            else None
-
-    def _rank_breakdown(self, store: MetricStore, rank: int, who: str) -> str | None:
-        return self._breakdown(who, store.get(rank, "step_time_s").last(),
-                               {key: store.get(rank, key).last() for key, _ in self.BREAKDOWN})
-
-    def _spread_caption(self, store: MetricStore) -> str:
-        """The median's breakdown, and the slowest rank's."""
-        lines = [self._breakdown("median", store.spread("step_time_s")[1].last(),
-                                 {key: store.spread(key)[1].last() for key, _ in self.BREAKDOWN})]
-        steps = {r: store.get(r, "step_time_s").last() for r in store.ranks()}
-        known = {r: v for r, v in steps.items() if v is not None and np.isfinite(v)}
-        if known:
-            slow = max(known, key=lambda r: known[r])
-            lines.append(self._rank_breakdown(store, slow, f"slowest, rank {slow}"))
-        return "\n".join(line for line in lines if line)
 
 
 class ThroughputPanel(QWidget):

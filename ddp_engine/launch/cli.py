@@ -28,6 +28,7 @@ from ddp_engine.common.runs import (
     process_if_alive,
 )
 from ddp_engine.common.sweep_plan import DEFAULT_STEPS, parse_counts
+from ddp_engine.launch.doctor import add_doctor_arguments, run_doctor
 from ddp_engine.launch.sweep import run_sweep
 
 
@@ -80,6 +81,16 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="state, step and last metrics of a run")
     status.add_argument("run_dir", metavar="RUN_DIR")
     status.add_argument("--json", action="store_true", help="print status.json as it is")
+    doctor = sub.add_parser("doctor", help="preflight: versions, GPUs and their links, "
+                            "warnings, and a few seconds of all-reduce (bus bandwidth)",
+                            description="Check that this machine can train and how fast its "
+                            "GPUs talk: versions, GPUs with their links (P2P, NVLink, PCIe), "
+                            "warnings with what to do, then all-reduces across the chosen GPUs "
+                            "(nccl), or --nproc CPU processes (gloo), at several message sizes. "
+                            "The result is kept in RUNS_DIR/doctor.json. Exit code: 0 the "
+                            "machine can train, 1 it cannot (the reason is printed), 2 bad "
+                            "input.")
+    add_doctor_arguments(doctor)
     return parser
 
 
@@ -295,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     if script_args is not None:
         ns.script_args = script_args
     commands = {"launch": cmd_launch, "sweep": cmd_sweep, "runs": cmd_runs, "stop": cmd_stop,
-                "status": cmd_status, "cluster": cmd_cluster}
+                "status": cmd_status, "cluster": cmd_cluster, "doctor": run_doctor}
     try:
         code = commands[ns.command](ns)
         sys.stdout.flush()

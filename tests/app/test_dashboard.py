@@ -8,7 +8,7 @@ import json
 from app.charts.base import Chart
 from app.dashboard import Dashboard
 from app.metric_store import MetricStore
-from tests.app.conftest import rank_rows
+from tests.app.conftest import gpu_index, rank_rows
 
 
 def _report(store: MetricStore, step: int, ranks: int = 4, total_steps: int | None = 1000,
@@ -282,3 +282,38 @@ def test_what_a_script_run_cannot_show_is_said_above_the_charts_and_over_each_em
     dash.redraw(budget_s=None)
     assert dash.unavailable.isHidden() and dash.loss.chart.note() == ""
     assert dash.progress_label.text() == "no report yet"
+
+
+def test_gpus_are_named_as_nvidia_smi_names_them(qtbot) -> None:
+    """A rank's GPU by its NVML index (the telemetry's ``device``), not its CUDA number."""
+    dash = _dashboard(qtbot)
+    _report(dash.store, 1, ranks=2)
+    dash.redraw(budget_s=None)
+    names = set(dash.devices.util.curves)
+    assert names == {f"GPU {gpu_index(r)} (rank {r})" for r in range(2)} == {
+        "GPU 7 (rank 0)", "GPU 6 (rank 1)"}
+    assert dash.devices._device_caption(dash.store).startswith("GPU 7 (rank 0): ")
+
+
+def test_the_sync_bandwidth_is_shown_against_what_doctor_measured(qtbot, tmp_path) -> None:
+    from ddp_engine.common.doctor_result import DoctorResult, SizeResult, write_doctor
+
+    dash = _dashboard(qtbot)
+    run_dir = tmp_path / "runs" / "mlp-synthetic-1"
+    run_dir.mkdir(parents=True)
+    dash.run_dir = run_dir
+    rows = rank_rows(2, 5)
+    for row in rows:  # 4 MB in 3 ms a step: 1.33 GB/s, and 2(n-1)/n = 1 for two ranks
+        row["sync_bytes"], row["sync_time_s"] = 4_000_000, 0.003
+    dash.store.add({"type": "metrics", "time": 5.0, "step": 5, "epoch": 0, "total_steps": 100,
+                    "ranks": rows})
+    dash.redraw(budget_s=None)
+    assert dash.sync.caption.text().endswith(
+        "sync bus bandwidth 1.33 GB/s (this machine's is not measured: Check devices...)")
+    write_doctor(tmp_path / "runs", DoctorResult(
+        time=1.0, device="cpu", backend="gloo", world_size=2, gpus=[],
+        sizes=[SizeResult(2**20, 10, 0.001, 1.05, 1.05), SizeResult(2**24, 5, 0.0063, 2.67, 2.67)]))
+    dash.run_dir = run_dir  # a run opened: its runs folder's measurement is read
+    dash.redraw(budget_s=None)
+    assert dash.sync.caption.text().endswith(
+        "sync bus bandwidth 1.33 GB/s = 50% of the 2.67 GB/s doctor measured (gloo, 2 processes)")

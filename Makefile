@@ -16,7 +16,7 @@ TORCH_CUDA ?= torch
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run demo desktop test lint screenshot reliability bench clean
+.PHONY: install run demo desktop test lint screenshot reliability gpu-check bench clean
 
 install: $(STAMP)
 
@@ -58,6 +58,13 @@ test: install lint
 reliability: install
 	RANKSCOPE_RELIABILITY=docs/RELIABILITY.md QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q tests/faults \
 	  --deselect tests/faults/test_matrix.py::test_the_reliability_document_lists_every_case
+
+# docs/GPU.md from every CUDA check on this machine (bench/gpu_check.py; under 8 minutes).
+# Runs with the Python at hand, not .venv: on a GPU machine where nothing can be installed,
+#   PYTHONPATH=. make gpu-check [PYTHON=python3] [GPU_CHECK_ARGS="--work /tmp/gpu-check"]
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Every benchmark of docs/BENCHMARKS.md, one after the other (about 20 minutes on 2 cores).
 # Each prints its measurements; nothing else may run meanwhile (ratios, but a noisy machine).

@@ -9,8 +9,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from ddp_engine.common.config_values import ConfigError
 
 
@@ -48,6 +46,9 @@ def toml_text(cfg: Any) -> str:
     Raises:
         ConfigError: a value TOML cannot hold, or an argument called ``name``.
     """
+    import tomli_w  # here, not at the top: reading configs and training need no tomli-w
+    # (make gpu-check runs on machines where nothing can be installed)
+
     top: dict[str, Any] = {}
     tables: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):

@@ -143,3 +143,18 @@ def test_device_cuda_with_a_cpu_build_of_torch_says_so_and_how_to_fix_it() -> No
 def test_device_id_is_passed_only_where_torch_is_known_not_to_hang_with_it(version: str,
                                                                            safe: bool) -> None:
     assert device_id_is_safe(version) is safe
+
+
+def test_the_torch_floor_is_the_first_release_with_device_id() -> None:
+    """pyproject's torch floor: 2.3 brought init_process_group(device_id=...) and
+    torch.amp.GradScaler("cuda"), which the ranks use; 2.2 (the floor before) had neither."""
+    import re
+    import tomllib
+
+    from tests.conftest import REPO
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    (floor,) = [m.group(1) for d in deps if (m := re.fullmatch(r"torch>=([\d.]+)", d))]
+    major, minor = (int(p) for p in floor.split(".")[:2])
+    assert device_id_is_safe(f"{major}.{minor}.0")
+    assert not device_id_is_safe(f"{major}.{minor - 1}.99")

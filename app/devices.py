@@ -8,7 +8,8 @@ wedged GPU) shows "unknown" and is never taken as idle. GPUs are named by their 
 nvidia-smi names them; GPUs in MIG mode are listed greyed out and can never be chosen.
 
 The inventory itself (which GPUs, which torch) is read once, when the picker is made, unless
-the caller passes it.
+the caller passes it, waiting at most INVENTORY_TIMEOUT_S for NVML: past that the picker offers
+CPU processes and says NVML did not answer.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from PySide6.QtWidgets import (
 
 from app.gpu_readings import GpuReader, IdleState, Posted, idle_state
 from ddp_engine.common.gpus import GpuInfo, GpuReading, cpu_count
-from ddp_engine.common.inventory import GpuInventory, gpu_inventory, mig_advice
+from ddp_engine.common.inventory import GpuInventory, gpu_inventory_within, mig_advice
 
 UNKNOWN = "unknown"
+INVENTORY_TIMEOUT_S = 5.0
+"""How long the window waits for NVML's inventory when the picker is made (a wedged GPU)."""
 PENDING = "-"
 MEM_COL, UTIL_COL, TEMP_COL = 3, 4, 5
 
@@ -58,7 +61,8 @@ class DevicePicker(QWidget):
         if timeout_ms is not None and timeout_ms < 1:
             raise ValueError(f"timeout_ms must be >= 1 (or None: automatic), got {timeout_ms}")
         self.inventory = (inventory if inventory is not None
-                          else GpuInventory(list(gpus)) if gpus is not None else gpu_inventory())
+                          else GpuInventory(list(gpus)) if gpus is not None
+                          else gpu_inventory_within(INVENTORY_TIMEOUT_S))
         self.gpus = self.inventory.usable
         """The GPUs that may be picked (never a MIG GPU; none when torch cannot use CUDA)."""
         self.rows = list(self.inventory.gpus) if self.gpus else []

@@ -173,7 +173,8 @@ class RunConfig:
     """Seed."""
     dist_timeout_s: float = _f("seconds before a collective with a dead peer fails", 120.0)
     """Timeout of init_process_group and collectives."""
-    shutdown_timeout_s: int = _f("seconds torchrun waits for ranks after a stop before SIGKILL",
+    shutdown_timeout_s: int = _f("seconds the launcher waits for ranks after a stop before "
+                                 "SIGKILL (not counting a checkpoint save)",
                                  30)
     """Grace period given to ranks after a stop signal."""
 

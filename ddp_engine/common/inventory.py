@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,9 @@ from pathlib import Path
 from ddp_engine.common import gpus as nvml_gpus
 
 FIX_CPU_BUILD = "make clean install TORCH=cuda"
+NVML_TIMEOUT_S = 20.0
+"""How long a launch, a sweep or doctor waits for NVML's inventory before it says NVML did not
+answer (a wedged GPU or driver) instead of hanging."""
 
 
 @dataclass(frozen=True)
@@ -103,12 +107,14 @@ class GpuInventory:
         return [] if self.problem else [g for g in self.gpus if not g.mig]
 
     def cpu_note(self) -> str | None:
-        """Why ``device: auto`` trains on CPU although NVML lists GPUs; None otherwise."""
-        if not self.gpus or self.usable:
+        """Why ``device: auto`` trains on CPU although there may be GPUs (NVML lists some, or
+        did not answer); None otherwise."""
+        if self.usable:
             return None
         if self.problem:
-            return f"{len(self.gpus)} GPU(s) found, but {self.problem}"
-        return "every GPU is in MIG mode: " + mig_advice(self.gpus)
+            return (f"{len(self.gpus)} GPU(s) found, but {self.problem}" if self.gpus
+                    else self.problem)
+        return "every GPU is in MIG mode: " + mig_advice(self.gpus) if self.gpus else None
 
     def why_not(self, index: int) -> str | None:
         """Why GPU ``index`` (NVML) cannot be given to a rank; None when it can."""
@@ -137,3 +143,20 @@ def gpu_inventory(environ: Mapping[str, str] | None = None,
         return GpuInventory()
     driver, driver_cuda = nvml_gpus.driver_versions()
     return GpuInventory(listed, cuda_problem(build or installed_torch(), driver, driver_cuda))
+
+
+def gpu_inventory_within(timeout_s: float, environ: Mapping[str, str] | None = None,
+                         build: TorchBuild | None = None) -> GpuInventory:
+    """:func:`gpu_inventory`, waiting for NVML at most ``timeout_s``: a wedged GPU or driver
+    can block an NVML call for good, and neither the window nor a launch may hang on it. Past
+    the timeout: no GPU, and a problem that says why (the daemon thread asking is left to
+    finish whenever NVML answers)."""
+    box: list[GpuInventory] = []
+    asker = threading.Thread(target=lambda: box.append(gpu_inventory(environ, build)),
+                             name="gpu-inventory", daemon=True)
+    asker.start()
+    asker.join(timeout_s)
+    if box:
+        return box[0]
+    return GpuInventory([], problem=f"NVML did not answer within {timeout_s:g} s (a wedged GPU "
+                                    "or driver?); see whether nvidia-smi answers")

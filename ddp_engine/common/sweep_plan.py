@@ -30,7 +30,7 @@ from typing import Any
 
 from ddp_engine.common import gpus
 from ddp_engine.common.config import ConfigError, RunConfig
-from ddp_engine.common.inventory import GpuInventory, gpu_inventory
+from ddp_engine.common.inventory import NVML_TIMEOUT_S, GpuInventory, gpu_inventory_within
 from ddp_engine.common.machine_checks import check_devices, check_environment, resolved_device
 from ddp_engine.common.run_dir import new_run_dir, read_json
 
@@ -202,7 +202,8 @@ def plan_sweep(cfg: RunConfig, counts: list[int] | None = None, steps: int = DEF
         ConfigError: naming the flag, the value and what is allowed.
     """
     if inventory is None:
-        inventory = gpu_inventory() if gpu_count is None else GpuInventory.counted(gpu_count)
+        inventory = (gpu_inventory_within(NVML_TIMEOUT_S) if gpu_count is None
+                     else GpuInventory.counted(gpu_count))
     usable = [g.index for g in inventory.usable]
     cpus = gpus.cpu_count() if cpu_count is None else cpu_count
     if steps < 1:

@@ -48,7 +48,12 @@ from ddp_engine.common.doctor_result import (
     sizes_for,
     write_doctor,
 )
-from ddp_engine.common.inventory import GpuInventory, gpu_inventory, installed_torch
+from ddp_engine.common.inventory import (
+    NVML_TIMEOUT_S,
+    GpuInventory,
+    gpu_inventory_within,
+    installed_torch,
+)
 from ddp_engine.common.processes import terminate_then_kill, tree
 from ddp_engine.common.run_dir import read_json, tail_lines
 from ddp_engine.launch import doctor_facts as facts_mod
@@ -190,7 +195,7 @@ def examine(ns: argparse.Namespace) -> Report:
         ConfigError: bad input.
     """
     plan = plan_doctor(ns)
-    inventory = gpu_inventory()
+    inventory = gpu_inventory_within(NVML_TIMEOUT_S)
     measured = set(plan.cfg.gpus or []) if plan.device == "cuda" else set()
     with nvml_gpus.Nvml() as nvml:
         every = facts_mod.gpu_facts(nvml, inventory.gpus)

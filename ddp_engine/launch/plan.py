@@ -13,7 +13,7 @@ from ddp_engine.common import gpus
 from ddp_engine.common.cluster import rendezvous_args
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
-from ddp_engine.common.inventory import gpu_inventory
+from ddp_engine.common.inventory import NVML_TIMEOUT_S, gpu_inventory_within
 from ddp_engine.common.machine_checks import (
     check_environment,
     check_steps_left,
@@ -51,7 +51,7 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
     Raises:
         ConfigError: bad input, naming the field, the value and what is allowed.
     """
-    inventory = gpu_inventory()
+    inventory = gpu_inventory_within(NVML_TIMEOUT_S)
     cpus = gpus.cpu_count()
     check_environment(cfg, inventory=inventory, cpu_count=cpus)
     if cfg.resume:

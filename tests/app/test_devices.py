@@ -14,14 +14,22 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QTableWidgetItem, QWidget
 from pytestqt.qtbot import QtBot
 
+from app import devices
 from app.devices import UNKNOWN, DevicePicker
 from app.gpu_readings import idle_state
 from ddp_engine.common.gpus import NO_READING, GpuReading
-from ddp_engine.common.inventory import FIX_CPU_BUILD, GpuInventory, TorchBuild, gpu_inventory
-from tests.simulated_nvml import SimGpu, SimulatedNvml, four_gpus, mig_gpu, two_gpus
+from ddp_engine.common.inventory import FIX_CPU_BUILD, GpuInventory, gpu_inventory
+from tests.simulated_nvml import (
+    CPU_BUILD,
+    CUDA_BUILD,
+    SimGpu,
+    SimulatedNvml,
+    four_gpus,
+    mig_gpu,
+    two_gpus,
+)
 
-CUDA_TORCH = TorchBuild(version="2.13.0+cu124", cuda="12.4")
-CPU_TORCH = TorchBuild(version="2.13.0+cpu", cuda=None)
+CUDA_TORCH, CPU_TORCH = CUDA_BUILD, CPU_BUILD
 WAIT_MS = 10_000
 WATCHDOG_S = 15.0
 """A wedged GPU comes back after this long at the latest, so that a picker that waits on it
@@ -302,3 +310,18 @@ def test_bad_arguments_are_refused_by_name(simulated_nvml: SimulatedNvml) -> Non
         DevicePicker(gpus=[], refresh_ms=0)
     with pytest.raises(ValueError, match=r"timeout_ms must be >= 1 \(or None: automatic\), got -5"):
         DevicePicker(gpus=[], timeout_ms=-5)
+
+
+def test_a_gpu_wedged_before_the_window_opens_delays_it_by_the_timeout_only(
+        make_picker: MakePicker, simulated_nvml: SimulatedNvml, monkeypatch: pytest.MonkeyPatch,
+        wedge: Callable[[SimGpu], threading.Event]) -> None:
+    simulated_nvml.gpus = four_gpus()
+    wedge(simulated_nvml.gpus[2])  # NVML's inventory itself now blocks
+    monkeypatch.setattr(devices, "INVENTORY_TIMEOUT_S", 0.5)
+    start = time.monotonic()
+    picker = make_picker()
+    assert time.monotonic() - start < 5.0, "the window waited for the wedged GPU"
+    assert not picker.has_gpus and picker.reader is None
+    assert label(picker, "no_gpu_note") == (
+        "Training runs as CPU processes (gloo): NVML did not answer within 0.5 s (a wedged GPU "
+        "or driver?); see whether nvidia-smi answers.")

@@ -3,6 +3,8 @@ without importing it, against what the driver supports, on the simulated NVML.""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from ddp_engine.common.inventory import (
     TorchBuild,
     cuda_problem,
     gpu_inventory,
+    gpu_inventory_within,
     installed_torch,
 )
 from tests.simulated_nvml import CPU_BUILD, CUDA_BUILD, SimulatedNvml, four_gpus, mig_gpu
@@ -74,3 +77,19 @@ def test_no_gpu_means_no_note(simulated_nvml: SimulatedNvml) -> None:
 @pytest.mark.parametrize("n", [0, 3])
 def test_a_counted_inventory_has_indices_from_zero(n: int) -> None:
     assert [g.index for g in GpuInventory.counted(n).usable] == list(range(n))
+
+
+def test_an_nvml_that_does_not_answer_is_waited_for_only_so_long(
+        simulated_nvml: SimulatedNvml) -> None:
+    """A wedged GPU blocks NVML's inventory: a launch or the window waits at most the timeout,
+    then goes on without GPUs, saying why."""
+    simulated_nvml.gpus = four_gpus()
+    assert len(gpu_inventory_within(5.0, {}, CUDA_BUILD).usable) == 4  # answers: as it is
+    simulated_nvml.gpus[1].blocked = threading.Event()
+    start = time.monotonic()
+    inv = gpu_inventory_within(0.3, {}, CUDA_BUILD)
+    assert time.monotonic() - start < 3.0
+    assert inv.gpus == [] and inv.usable == []
+    assert inv.cpu_note() == inv.problem == (
+        "NVML did not answer within 0.3 s (a wedged GPU or driver?); see whether nvidia-smi "
+        "answers")

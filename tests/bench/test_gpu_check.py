@@ -151,12 +151,16 @@ def test_cores_are_named_as_ranges() -> None:
 
 
 def test_make_gpu_check_uses_the_python_at_hand_not_the_virtual_environment() -> None:
+    # As a user types it: not inside `make test`'s make (whose MAKEFLAGS/MAKELEVEL would add
+    # "Entering directory" lines and its variables).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "PYTHON")}
     dry = subprocess.run(["make", "-n", "gpu-check"], capture_output=True, text=True,
-                         cwd=REPO, check=True).stdout
+                         cwd=REPO, check=True, env=env).stdout
     assert dry.strip().endswith("python3 bench/gpu_check.py"), dry
     assert ".venv" not in dry and "pip" not in dry, dry
     dry = subprocess.run(["make", "-n", "gpu-check", "PYTHON=/opt/py/bin/python3"],
-                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+                         capture_output=True, text=True, cwd=REPO, check=True, env=env).stdout
     assert "/opt/py/bin/python3 bench/gpu_check.py" in dry, dry
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import numpy as np
 
 from ddp_engine.common.heartbeat import ReportClock
 from ddp_engine.common.run_dir import FINAL_STATES, iter_metrics, read_status
+from ddp_engine.common.straggler import StragglerWatch, Verdict
 
 RANK_FIELDS: tuple[str, ...] = (
     "loss", "step_time_s", "samples_per_s", "data_wait_s", "forward_s", "backward_s",
@@ -228,6 +228,8 @@ class MetricStore:
         ranks (above SPREAD_ABOVE), then a column per rank slot (NaN: not logged)."""
         self.unavailable: dict[str, str] = {}
         """What a script run cannot show, and why (the latest "unavailable" event's items)."""
+        self.straggler_watch = StragglerWatch()
+        """The rank the others wait for in the all-reduce, once sustained (every report)."""
         self.version = 0  # bumped on every change: charts redraw only when it moved
 
     def load_run(self, run_dir: str | os.PathLike[str]) -> None:
@@ -343,6 +345,7 @@ class MetricStore:
                                         else float(np.nansum(samples)))  # without DDP: none
         self.mean_loss.append(step, float(losses.mean()) if len(losses) else None)
         self.report_time.append(step, now)
+        self.straggler_watch.add(m)
         info.world_size = max(info.world_size, len(rows))
         self._logged(step, rows, slots)
 
@@ -428,17 +431,9 @@ class MetricStore:
             return None
         return (info.total_steps - info.step) * elapsed / done
 
-    def stragglers(self, threshold: float = 0.2) -> dict[int, float]:
-        """Ranks whose last step time is more than ``threshold`` above the median: rank -> excess
-        (0.35 means 35% slower)."""
-        last = {r: self.get(r, "step_time_s").last() for r in self.ranks()}
-        values = {r: v for r, v in last.items() if v is not None and np.isfinite(v)}
-        if len(values) < 2:
-            return {}
-        med = statistics.median(values.values())
-        if med <= 0:
-            return {}
-        return {r: v / med - 1 for r, v in values.items() if v > med * (1 + threshold)}
+    def straggler(self) -> Verdict | None:
+        """The straggler and its likely cause (see :mod:`ddp_engine.common.straggler`)."""
+        return self.straggler_watch.verdict
 
     def stall_s(self, now: float | None = None, factor: float = 5.0,
                 minimum_s: float = 10.0) -> float | None:

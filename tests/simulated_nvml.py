@@ -68,6 +68,9 @@ class SimGpu:
     topology: dict[str, int] = field(default_factory=dict)
     """NVML_TOPOLOGY_* common ancestor with the GPU of each UUID (either side's entry counts;
     absent: 30, the host bridge)."""
+    sm_clock_mhz: int = 1980
+    """The streaming multiprocessors' clock now (nvmlDeviceGetClockInfo, NVML_CLOCK_SM;
+    ``"clocks"`` in ``unsupported``: NOT_SUPPORTED, as for the clock event reasons)."""
 
 
 class SimulatedNvml:
@@ -229,6 +232,14 @@ class SimulatedNvml:
         return self._gpu(handle, "clocks").clocks_event_reasons
 
     nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+    NVML_CLOCK_SM = 1
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:  # noqa: N802
+        gpu = self._gpu(handle, "clocks")
+        if clock_type != self.NVML_CLOCK_SM:
+            raise NVMLError(2)  # only the SM clock is simulated
+        return gpu.sm_clock_mhz
 
 
 def two_gpus() -> list[SimGpu]:

@@ -20,6 +20,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+CLOCK_SLOWDOWNS: dict[int, tuple[str, str]] = {
+    0x4: ("software power cap", "clocks held down to stay under the power limit; see "
+          "nvidia-smi -q -d POWER (a lowered limit: sudo nvidia-smi -i {i} -pl WATTS)"),
+    0x8: ("hardware slowdown", "temperature, power brake or a power-supply fault; check the "
+          "cooling and the power cables"),
+    0x20: ("software thermal slowdown", "the GPU is too hot; check airflow and fans"),
+    0x40: ("hardware thermal slowdown", "the GPU is too hot; check airflow and fans"),
+    0x80: ("hardware power brake", "the power supply asserted its brake; check the PSU"),
+}
+"""nvmlClocksEventReason* bits that slow a GPU down, with what to do: ``doctor`` warns of them,
+the straggler verdict names them (idle, application clocks, sync boost and display clocks are
+normal)."""
+
 
 @dataclass(frozen=True)
 class GpuInfo:

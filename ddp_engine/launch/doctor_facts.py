@@ -13,7 +13,7 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ddp_engine.common.gpus import GpuInfo, GpuProcess, GpuReading, Nvml
+from ddp_engine.common.gpus import CLOCK_SLOWDOWNS, GpuInfo, GpuProcess, GpuReading, Nvml
 from ddp_engine.common.inventory import GpuInventory, mig_advice
 
 P2P_CAPS_INDEX_READ = 0
@@ -37,17 +37,7 @@ NVLINK_GBS_PER_LINK = {1: ("1.0", 20.0), 2: ("2.0", 25.0), 3: ("2.2", 25.0), 4: 
 A100 answers 4) -> (version, GB/s per link and direction). 3.1 is the consumer bridge
 (RTX 3090, A6000: 4 links, 56.25 GB/s per direction)."""
 MAX_NVLINKS = 36
-THROTTLE_REASONS = {
-    0x4: ("software power cap", "clocks held down to stay under the power limit; see "
-          "nvidia-smi -q -d POWER (a lowered limit: sudo nvidia-smi -i {i} -pl WATTS)"),
-    0x8: ("hardware slowdown", "temperature, power brake or a power-supply fault; check the "
-          "cooling and the power cables"),
-    0x20: ("software thermal slowdown", "the GPU is too hot; check airflow and fans"),
-    0x40: ("hardware thermal slowdown", "the GPU is too hot; check airflow and fans"),
-    0x80: ("hardware power brake", "the power supply asserted its brake; check the PSU"),
-}
-"""nvmlClocksEventReason* bits worth a warning (idle, application clocks, sync boost and
-display clocks are normal)."""
+THROTTLE_REASONS = CLOCK_SLOWDOWNS
 BUSY_UTIL_PCT = 10.0
 
 

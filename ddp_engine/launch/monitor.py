@@ -29,6 +29,7 @@ from ddp_engine.common.run_dir import (
     read_rank_files,
 )
 from ddp_engine.common.runs import fmt_duration, fmt_number
+from ddp_engine.common.straggler import StragglerWatch
 from ddp_engine.launch.shutdown import ShutdownClock
 
 
@@ -92,6 +93,7 @@ class RunMonitor(threading.Thread):
         self._stop_event = threading.Event()
         self._rate: list[tuple[float, int]] = []
         self.clock = ReportClock()
+        self.stragglers = StragglerWatch()  # fed every report, printed with the latest
         self.hang_hint: str | None = None
         """While the run is stalled: which rank it waits for, from the heartbeats, as first
         diagnosed (later looks see the consequences: a rank that timed out and exited)."""
@@ -125,6 +127,7 @@ class RunMonitor(threading.Thread):
         for msg in new:
             if msg.get("type") == "metrics":
                 self.clock.tick(float(msg.get("time") or time.time()))
+                self.stragglers.add(msg)
                 latest = msg
                 continue
             if latest is not None:
@@ -263,8 +266,10 @@ class RunMonitor(threading.Thread):
             steps_per_s = (self._rate[-1][1] - self._rate[0][1]) / (
                 self._rate[-1][0] - self._rate[0][0] + 1e-9)
             eta = fmt_duration((total - step) / steps_per_s)
+        straggler = self.stragglers.verdict  # once sustained: see common/straggler.py
         self._print(f"step {step}/{total or '?'} epoch {msg.get('epoch')} | loss {losses} | "
-                    f"{rate:,.0f} samples/s | ETA {eta}")
+                    f"{rate:,.0f} samples/s | ETA {eta}"
+                    + (f" | straggler: {straggler.text}" if straggler else ""))
 
     def _print(self, line: str) -> None:
         print(f"[rankscope] {line}", file=self.out, flush=True)

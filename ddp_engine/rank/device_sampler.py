@@ -15,9 +15,10 @@ import psutil
 from ddp_engine.common.gpus import Nvml
 
 GPU_KEYS = ("gpu_util_pct", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_temp_c",
-            "gpu_power_w")
+            "gpu_power_w", "gpu_clock_mhz", "gpu_throttle")
 CPU_KEYS = ("cpu_pct", "rss_bytes")
 KEYS = GPU_KEYS + CPU_KEYS
+NVML_CLOCK_SM = 1  # pynvml's nvmlClockType_t for the streaming multiprocessors' clock
 
 
 class DeviceSampler(threading.Thread):
@@ -70,7 +71,19 @@ class DeviceSampler(threading.Thread):
         out.update(gpu_util_pct=gpu.util_pct, gpu_mem_used_bytes=_float(gpu.mem_used_bytes),
                    gpu_mem_total_bytes=_float(gpu.mem_total_bytes), gpu_temp_c=gpu.temp_c,
                    gpu_power_w=gpu.power_w)
+        out.update(self._clocks())
         return out
+
+    def _clocks(self) -> dict[str, float | None]:
+        """The SM clock and the clock event (throttle) reasons: what a straggler's GPU is
+        judged by (see :mod:`ddp_engine.common.straggler`)."""
+        assert self._nvml is not None
+        clock = self._nvml.query("nvmlDeviceGetClockInfo", self._handle, NVML_CLOCK_SM)
+        reasons = self._nvml.query("nvmlDeviceGetCurrentClocksEventReasons", self._handle)
+        if reasons is None:  # drivers before 535 know only the old name
+            reasons = self._nvml.query("nvmlDeviceGetCurrentClocksThrottleReasons",
+                                       self._handle)
+        return {"gpu_clock_mhz": _float(clock), "gpu_throttle": _float(reasons)}
 
 
 def _float(value: int | None) -> float | None:

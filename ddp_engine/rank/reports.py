@@ -76,7 +76,8 @@ def rank_entries(rows: list[list[float]], places: list[dict[str, object]],
         entry: dict[str, Any] = {"rank": r}
         entry.update({k: _finite_or_none(got[k]) for k in PUBLISHED})
         for k in entry:
-            if (k.endswith("_bytes") or k == "sync_buckets") and entry[k] is not None:
+            if (k.endswith("_bytes") or k in ("sync_buckets", "gpu_throttle")) \
+                    and entry[k] is not None:
                 entry[k] = round(entry[k])
         entry.update(places[r])  # host, node, local_rank, gpu (NVML index, UUID, name, bus)
         entry["device"] = device_name(entry.get("gpu"), int(got["local_rank"]), got["on_cuda"])

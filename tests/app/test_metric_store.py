@@ -38,7 +38,7 @@ def test_stragglers_and_stalls_and_eta() -> None:
                "world_size": 3, "start_step": 0})
     for i in range(1, 11):
         store.add(_metrics(10 * i, float(i), [0.010, 0.010, 0.015]))
-    assert store.stragglers() == {2: 0.5}  # rank 2 is 50% slower than the median
+    assert store.straggler() is None  # a long step names nobody: the all-reduce wait does
     assert store.eta_s() == 90.0  # 100 steps took 10 s; 900 to go
     assert store.stall_s(now=12.0) is None
     assert store.stall_s(now=25.0) == 15.0  # > 5 typical intervals (1 s) and > 10 s

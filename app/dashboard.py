@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QFrame,
@@ -32,6 +32,7 @@ from app.charts.panels import DevicePanel, LoggedPanel, LossPanel, ThroughputPan
 from app.charts.sync_panel import SyncPanel
 from app.metric_store import MetricStore
 from app.run_model import progress_text, unavailable_text, warning_text
+from app.stacks_view import StacksPanel
 from ddp_engine.common.doctor_result import load_doctor
 from ddp_engine.common.heartbeat import fmt_seconds, hang_hint, read_heartbeats, stall_text
 from ddp_engine.common.runs import fmt_duration
@@ -58,6 +59,9 @@ measured its own): half a tick, so the event loop has the rest. At least one cha
 
 
 class Dashboard(QWidget):
+    looks_hung = Signal(str)
+    """The stall alert's text, once per stall (app/alerts.py tells the desktop)."""
+
     def __init__(self, store: MetricStore) -> None:
         super().__init__()
         self.store = store
@@ -83,6 +87,8 @@ class Dashboard(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.progress_label)
         top.addWidget(self.progress, 1)
+        self.stacks = StacksPanel()  # the Stacks button, and its text under the alerts
+        top.addWidget(self.stacks.button)
         self.panels: tuple[QWidget, ...] = (self.loss, self.throughput, self.sync, self.devices)
         for panel in self.panels:
             panel.setMinimumHeight(PANEL_MIN_HEIGHT)
@@ -100,6 +106,7 @@ class Dashboard(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.alert)
+        layout.addWidget(self.stacks)
         layout.addWidget(self.unavailable)
         layout.addWidget(self.scroll, 1)
         self.logged: dict[str, LoggedPanel] = {}  # a panel per logged key, as they came
@@ -127,11 +134,13 @@ class Dashboard(QWidget):
         self._labels_at = float("-inf")
         self.labels_s = LABELS_S
         self._alerts_at = -ALERTS_S
+        self._hung_at: float | None = None  # the last report before the stall said
         self._run_dir: Path | None = None
         self.catch_up_ms = CATCH_UP_MS
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.redraw)
         self.timer.start(REDRAW_MS)
+        self.looks_hung.connect(lambda _text: self.stacks.take(self.run_dir, automatic=True))
 
     def _arrange(self, columns: int, again: bool = False) -> None:
         """The panels in ``columns`` columns (2: loss and throughput above sync and devices;
@@ -193,6 +202,7 @@ class Dashboard(QWidget):
     @run_dir.setter
     def run_dir(self, folder: Path | None) -> None:
         self._run_dir = folder
+        self.stacks.set_run(folder)
         self.load_reference()
 
     def load_reference(self) -> None:
@@ -286,17 +296,18 @@ class Dashboard(QWidget):
 
     def _alerts(self) -> None:
         parts = []
-        stragglers = self.store.stragglers()
-        if stragglers:
-            parts.append("straggler: " + ", ".join(
-                f"rank {r} step time {100 * x:.0f}% above the median"
-                for r, x in sorted(stragglers.items())))
+        straggler = self.store.straggler()
+        if straggler is not None:
+            parts.append("straggler: " + straggler.text)
         now = time.time()
         stall = self.store.stall_s(now)
         if stall is not None:
             info = self.store.info
             hint = hang_hint(read_heartbeats(self.run_dir), now) if self.run_dir else None
             parts.append(stall_text(stall, info.clock.typical_s(), info.step, hint))
+            if self._hung_at != info.clock.last:  # a new stall: said once
+                self._hung_at = info.clock.last
+                self.looks_hung.emit(parts[-1])
         # kept for the run: a spike may be long past
         warning = warning_text(self.store.last_warning, self.store.warnings)
         if warning:

@@ -1,6 +1,6 @@
 """The engine's command line, ``python -m ddp_engine launch | sweep | runs | stop | status |
-cluster`` (also the ``rankscope-engine`` command). Only ``launch`` and ``sweep`` start runs; the
-others read a run's folder or signal its launcher."""
+cluster | doctor | stacks`` (also the ``rankscope-engine`` command). Only ``launch`` and
+``sweep`` start runs; the others read a run's folder or signal its processes."""
 
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ from ddp_engine.common.runs import (
     owner_process,
     process_if_alive,
 )
+from ddp_engine.common.straggler import run_verdict
 from ddp_engine.common.sweep_plan import DEFAULT_STEPS, parse_counts
 from ddp_engine.launch.doctor import add_doctor_arguments, run_doctor
+from ddp_engine.launch.stacks_cmd import add_stacks_arguments, run_stacks
 from ddp_engine.launch.sweep import run_sweep
 
 
@@ -91,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
                             "machine can train, 1 it cannot (the reason is printed), 2 bad "
                             "input.")
     add_doctor_arguments(doctor)
+    add_stacks_arguments(sub.add_parser(
+        "stacks", help="every live rank's stack, grouped by where the ranks stand",
+        description="Print the Python stack (every thread) of each live rank of a run, without "
+        "stopping it: py-spy --native where it is on PATH and allowed, else the rank's "
+        "faulthandler. Saved as RUN_DIR/ranks/stacks-<time>.txt. Exit code: 0 stacks taken, "
+        "1 no live rank answered, 2 bad input."))
     return parser
 
 
@@ -153,6 +161,9 @@ def cmd_status(ns: argparse.Namespace) -> int:
     for r in metrics.get("ranks", []):
         print(f"  rank {r['rank']}: loss {fmt_number(r.get('loss'))}  samples/s "
               f"{fmt_number(r.get('samples_per_s'), rate=True)}")
+    straggler = run_verdict(ns.run_dir)  # the rank the others wait for, from metrics.jsonl
+    if straggler is not None:
+        print(f"straggler: {straggler.text}")
     if data.get("checkpoint"):
         print(f"checkpoint: {data['checkpoint']}")
     if data.get("state") not in FINAL_STATES:
@@ -306,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     if script_args is not None:
         ns.script_args = script_args
     commands = {"launch": cmd_launch, "sweep": cmd_sweep, "runs": cmd_runs, "stop": cmd_stop,
-                "status": cmd_status, "cluster": cmd_cluster, "doctor": run_doctor}
+                "status": cmd_status, "cluster": cmd_cluster, "doctor": run_doctor,
+                "stacks": run_stacks}
     try:
         code = commands[ns.command](ns)
         sys.stdout.flush()

@@ -20,6 +20,7 @@ import rankscope
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.common.run_dir import prepare_run_dir
+from ddp_engine.common.stack_dumps import arm_stack_dumps
 from ddp_engine.rank.distributed import DistInfo, StopFlag
 from ddp_engine.rank.script_watch import ScriptStopped, ScriptWatch
 from ddp_engine.rank.telemetry import Telemetry
@@ -40,6 +41,7 @@ def run_script(cfg: RunConfig, stop: StopFlag) -> int:
         raise ConfigError("run_dir: a script's rank needs its run folder; start it with "
                           "python -m ddp_engine launch --script FILE.py")
     run_dir = prepare_run_dir(cfg.run_dir)
+    arm_stack_dumps(run_dir, info.rank)  # before the rank file says "running"
     telemetry: Telemetry | None = None
     heartbeat: Heartbeat | None = None
     watch: ScriptWatch | None = None

@@ -13,7 +13,9 @@ import argparse
 import contextlib
 import logging
 import os
+import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -25,6 +27,7 @@ from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
 from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.common.run_dir import atomic_write_json, new_run_dir, prepare_run_dir, rank_file
+from ddp_engine.common.stack_dumps import arm_stack_dumps
 from ddp_engine.rank.distributed import (
     DistContext,
     DistInfo,
@@ -60,6 +63,8 @@ def write_rank_state(run_dir: Path, info: DistInfo, device: object, state: str,
                      **extra: object) -> None:
     atomic_write_json(rank_file(run_dir, info.rank), {
         "rank": info.rank, "local_rank": info.local_rank, "pid": os.getpid(),
+        # Who may signal it for its stacks (same host), and which thread in them is main.
+        "host": socket.gethostname(), "main_thread": threading.main_thread().ident,
         "device": str(device), "state": state, "time": time.time(), **extra})
 
 
@@ -123,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stop.attach(ctx.side_group)
         run_dir = resolve_run_dir(cfg, ctx)
+        arm_stack_dumps(run_dir, ctx.info.rank)  # before the rank file says "running"
         log.info("rank %d/%d on %s (backend %s), run folder %s", ctx.info.rank,
                  ctx.info.world_size, ctx.device, ctx.backend, run_dir)
         if ctx.info.rank == 0:

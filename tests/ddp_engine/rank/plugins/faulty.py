@@ -89,3 +89,19 @@ class _SlowToSave(nn.Sequential):
 def slow_to_save(save_s: float = 8.0) -> nn.Module:
     """A model for the synthetic data (32 inputs, 10 classes) that rank 0 saves slowly."""
     return _SlowToSave(save_s)
+
+
+def stuck_here() -> None:
+    """Where ``stuck_on_rank1`` keeps rank 1: a Python loop that never returns."""
+    while True:
+        time.sleep(0.2)
+
+
+def stuck_on_rank1(output, target):
+    """Rank 1 stays in :func:`stuck_here` from its 5th micro-step on, in Python, while rank 0
+    waits for it in that step's gradient all-reduce (a hang whose stacks tell the two apart)."""
+    global _calls
+    _calls += 1
+    if os.environ.get("RANK") == "1" and _calls >= 5:
+        stuck_here()
+    return F.cross_entropy(output, target)

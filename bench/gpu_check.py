@@ -5,11 +5,12 @@ docs/GPU.md.
     python3 bench/gpu_check.py [--out docs/GPU.md] [--parts run-fp32,resume] [--deadline-s 450]
 
 In order: the environment's facts; real runs on one GPU with nccl in fp32, bf16 and fp16 (the
-gradient scaler); the resume of the fp32 run's CUDA checkpoint; the sync timing of the comm
-hook's CUDA events against torch.profiler's communication kernel time (within 10%); the
-launcher SIGKILLed mid-run with no process and no GPU memory left; NVML's fields present and
-plausible, and each run's GPU identity matching NVML; ``doctor``; every test marked cuda; the
-monitoring-overhead benchmark on the machine's quieter cores.
+gradient scaler), each with the model FLOPs utilization (MFU) it shows; the resume of the fp32
+run's CUDA checkpoint; the sync timing of the comm hook's CUDA events against torch.profiler's
+communication kernel time (within 10%); the launcher SIGKILLed mid-run with no process and no
+GPU memory left; NVML's fields present and plausible, and each run's GPU identity matching
+NVML; ``doctor``; every test marked cuda; the monitoring-overhead benchmark on the machine's
+quieter cores.
 
 It needs only a Python with torch (nvidia-ml-py, psutil and pytest as well): no virtual
 environment, no network, no Qt (the Qt tests are left out when PySide6 is absent). Each part
@@ -167,9 +168,11 @@ def key_numbers(records: list[Record]) -> list[str]:
     out = []
     for name in ("run-fp32", "run-bf16", "run-fp16"):
         if n.get(name):
+            mfu = (f", MFU {n[name]['mfu_pct']:.2g}%" if "mfu_pct" in n[name] else "")
             out.append(f"- {name}: {n[name]['samples_per_s']:,.0f} samples/s, step "
                        f"{n[name]['step_ms']:.2f} ms, sync {n[name]['sync_ms']:.3f} ms "
-                       f"(median of rank 0's reports)")
+                       f"(median of rank 0's reports); model FLOPs "
+                       f"{n[name].get('achieved_tflops', 0):.3g} TFLOP/s{mfu}")
     if n.get("sync-timing"):
         s = n["sync-timing"]
         out.append(f"- sync time by CUDA events / by profiler kernels: {s['ratio']:.3f} "

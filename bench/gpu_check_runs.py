@@ -24,6 +24,7 @@ from bench.gpu_check_base import (
     python_json,
     wait_until,
 )
+from ddp_engine.common.gpu_peaks import PRECISIONS, flops_words, peak_flops
 from ddp_engine.common.gpus import GpuInfo, Nvml, gpu_processes, list_gpus
 from ddp_engine.common.run_dir import iter_metrics, read_rank_files, read_status, tail_lines
 
@@ -74,6 +75,29 @@ def throughput(rows: list[dict[str, Any]]) -> dict[str, float]:
             "loss_first": losses[0], "loss_last": losses[-1]}
 
 
+def step_flops(run: Path, numbers: dict[str, float]) -> str:
+    """The FLOPs the run counted for a step (its ``flops`` event) over its median step time,
+    as the dashboard shows them: achieved FLOP/s, and MFU against the GPU's dense peak where
+    the table knows the GPU. Adds ``achieved_tflops`` (and ``mfu_pct``) to ``numbers``."""
+    event = next((m for m in iter_metrics(run) if m.get("kind") == "flops"), None)
+    count = event.get("flops_per_step") if event else None
+    if not isinstance(count, int | float) or not count > 0:
+        raise Fail(f"the run published no usable flops event: {event}")
+    achieved = count / (numbers["step_ms"] / 1000)
+    numbers["achieved_tflops"] = achieved / 1e12
+    name = ((event or {}).get("gpus") or [None])[0]
+    if not isinstance(name, str):
+        return f"; {flops_words(achieved)} of model FLOPs (CPU: no peak)"
+    precision = (event or {}).get("precision")
+    peak = peak_flops(name, precision) if precision in PRECISIONS else None
+    if peak is None:
+        return (f"; {flops_words(achieved)} of model FLOPs (peak unknown for {name} in "
+                f"{precision})")
+    numbers["mfu_pct"] = 100 * achieved / peak.flops_per_s
+    return (f"; {flops_words(achieved)} of model FLOPs = MFU {numbers['mfu_pct']:.2g}% of "
+            f"{peak.words}")
+
+
 def real_run(precision: str) -> Callable[[Ctx], Outcome]:
     """The part that trains STEPS steps in ``precision`` on one GPU with nccl."""
 
@@ -92,6 +116,7 @@ def real_run(precision: str) -> Callable[[Ctx], Outcome]:
         words = (f"completed {status.get('step')} steps ({run_start(run).get('backend')}), "
                  f"{n['samples_per_s']:,.0f} samples/s, step {n['step_ms']:.2f} ms, sync "
                  f"{n['sync_ms']:.3f} ms, loss {n['loss_first']:.3f} -> {n['loss_last']:.3f}")
+        words += step_flops(run, n)
         if precision == "fp16":
             saved = python_json(ctx, SCALER_CODE, str(run / "checkpoints" / "last.pt"))
             scale = (saved.get("scaler") or {}).get("scale")

@@ -183,6 +183,7 @@ class PairPanel(QWidget):
         text = self._caption(store)
         if text != self.caption.text():
             self.caption.setText(text)
+            self.caption.setToolTip(text)  # the whole of a line clipped in a narrow window
 
 
 class DevicePanel(PairPanel):

@@ -1,12 +1,20 @@
 """The dashboard's gradient-sync panel: all-reduce time per rank and its exposed part, their
-share of the step, the step-time breakdown, and the run's sync bandwidth against what
-``doctor`` measured on this machine."""
+share of the step, the step-time breakdown (with how much of the all-reduce overlapped
+backward's compute), the achieved FLOP/s and MFU, and the run's sync bandwidth against what
+``doctor`` measured on this machine (app/charts/breakdown.py words the measures)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from app.charts.base import Chart, color
+from app.charts.breakdown import (
+    FlopsEvents,
+    flops_text,
+    median_overlap,
+    rank_overlap,
+    sync_words,
+)
 from app.charts.panels import PairPanel
 from app.metric_store import MetricStore
 from ddp_engine.common.doctor_result import DoctorResult, busbw_factor
@@ -25,6 +33,7 @@ class SyncPanel(PairPanel):
         self.share = Chart("Sync share of step time", "%")
         self.reference: DoctorResult | None = None
         """What ``doctor`` measured on this machine (the runs folder's doctor.json)."""
+        self.flops = FlopsEvents()
         super().__init__(self.sync, self.share, self._sync_caption)
 
     def redraw(self, store: MetricStore) -> None:
@@ -56,12 +65,13 @@ class SyncPanel(PairPanel):
             lines = (self._rank_breakdown(store, rank, f"rank {rank}")
                      for rank in store.ranks())
             text = "\n".join(line for line in lines if line)
-        bandwidth = self.bandwidth_text(store)
-        return f"{text}\n{bandwidth}" if text and bandwidth else text or bandwidth or ""
+        extra = [flops_text(store, self.flops.find(store)), self.bandwidth_text(store)]
+        return "\n".join(line for line in (text, *extra) if line)
 
     def bandwidth_text(self, store: MetricStore) -> str | None:
         """The run's gradient-sync bus bandwidth (median rank: bytes all-reduced per step over
-        the sync time, times nccl-tests' 2(n-1)/n) against what ``doctor`` measured here."""
+        the all-reduce time per step, both the latest report's means over its steps, times
+        nccl-tests' 2(n-1)/n) against what ``doctor`` measured here."""
         ranks = store.ranks()
         if len(ranks) < 2:
             return None
@@ -96,22 +106,29 @@ class SyncPanel(PairPanel):
             self.share.set_data(f"rank {rank}", sync.x[:n], share, color(rank))
 
     @classmethod
-    def _breakdown(cls, who: str, total: float | None, last: dict[str, float | None]) -> \
-            str | None:
-        parts = [f"{label} {v * 1e3:.1f}" for key, label in cls.BREAKDOWN
+    def _breakdown(cls, who: str, total: float | None, last: dict[str, float | None],
+                   overlap: float | None) -> str | None:
+        """``who``'s step in ms by part; its sync part says the exposed time, the whole
+        all-reduce time and the share of it that overlapped compute (``overlap``)."""
+        parts = [sync_words(v, last["sync_time_s"], overlap) if key == "sync_exposed_s"
+                 else f"{label} {v * 1e3:.1f}" for key, label in cls.BREAKDOWN
                  if (v := last[key]) is not None and np.isfinite(v)
                  and (v or key != "eval_s")]  # eval: only in the intervals that had one
-        return f"{who} step {total * 1e3:.1f} ms = " + ", ".join(parts) if parts and total \
-            else None
+        return f"{who} step {total * 1e3:.1f} ms = " + ", ".join(p for p in parts if p) \
+            if parts and total else None
+
+    FIELDS = (*(key for key, _ in BREAKDOWN), "sync_time_s")
 
     def _rank_breakdown(self, store: MetricStore, rank: int, who: str) -> str | None:
         return self._breakdown(who, store.get(rank, "step_time_s").last(),
-                               {key: store.get(rank, key).last() for key, _ in self.BREAKDOWN})
+                               {key: store.get(rank, key).last() for key in self.FIELDS},
+                               rank_overlap(store, rank))
 
     def _spread_caption(self, store: MetricStore) -> str:
-        """The median's breakdown, and the slowest rank's."""
+        """The median's breakdown (its overlap the median rank's), and the slowest rank's."""
         lines = [self._breakdown("median", store.spread("step_time_s")[1].last(),
-                                 {key: store.spread(key)[1].last() for key, _ in self.BREAKDOWN})]
+                                 {key: store.spread(key)[1].last() for key in self.FIELDS},
+                                 median_overlap(store))]
         steps = {r: store.get(r, "step_time_s").last() for r in store.ranks()}
         known = {r: v for r, v in steps.items() if v is not None and np.isfinite(v)}
         if known:

@@ -25,6 +25,7 @@ from ddp_engine.rank.data import DataBundle, build_datasets, make_loader
 from ddp_engine.rank.device_sampler import DeviceSampler
 from ddp_engine.rank.distributed import DistContext, StopFlag, rank_places
 from ddp_engine.rank.evaluation import validation_metrics
+from ddp_engine.rank.flops import count_step_flops, flops_event_fields
 from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.losses import build_loss
 from ddp_engine.rank.lr_schedule import LrSchedule
@@ -176,11 +177,17 @@ class Trainer:
 
     def _run(self) -> str:
         cfg = self.cfg
+        flops = (count_step_flops(self.model.module, self.loader, self.loss_fn, self.device,
+                                  self.autocast_dtype, cfg.grad_accum)
+                 if cfg.telemetry else None)  # once, before the first timed step
         self.reporter.event("run_start", total_steps=self.total_steps, world_size=self.world,
                          steps_per_epoch=self.steps_per_epoch, backend=self.ctx.backend,
                          start_step=self.pos.step,
                          nnodes=len({p.get("node") for p in self.places}),
                          hosts=sorted({str(p.get("host")) for p in self.places}))
+        if flops is not None:
+            self.reporter.event("flops", **flops_event_fields(
+                flops, cfg.precision, self.device, cfg.batch_size, cfg.grad_accum, self.places))
         outcome = "completed"
         interval = Interval()
         self.model.train()

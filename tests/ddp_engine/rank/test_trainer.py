@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,22 +11,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.common.run_dir import iter_metrics
-from ddp_engine.rank.distributed import StopFlag, init_distributed, teardown
+from ddp_engine.rank.distributed import StopFlag
 from ddp_engine.rank.telemetry import Telemetry
 from ddp_engine.rank.trainer import Trainer
-
-
-@pytest.fixture
-def ctx(monkeypatch: pytest.MonkeyPatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(k, v)
-    context = init_distributed("cpu", 60)
-    yield context
-    teardown()
 
 
 def _trainer(ctx, tmp_path: Path, **overrides) -> Trainer:

@@ -19,6 +19,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import remote_attach
+from app.alerts import Alerts
 from app.desktop import app_icon
 from app.dialogs import (
     RemoteAttachDialog,
@@ -42,7 +44,6 @@ from app.run_model import (
     left_text,
     preset_runs_dir,
     record_text,
-    remote_refusal,
     restored_form,
     save_form,
 )
@@ -50,7 +51,6 @@ from app.runs_panel import RunsPanel
 from app.sweep_watch import SweepWatch
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.gpus import GpuInfo
-from ddp_engine.common.protocol import check_address
 from ddp_engine.common.runs import RunIndex, RunSummary, walk
 from ddp_engine.common.sweep_plan import is_group
 
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from app.scaling import ScalingView
 
 DASHBOARD_DELAY_MS = 50
-ATTACH_CHECK_S = 4.0
 """How long attaching to a remote rank 0 tries the address and token before it says why not."""
 
 
@@ -165,6 +164,7 @@ class MainWindow(QMainWindow):
         self.set_runs_folder(runs_dir)  # the last form's own folder gives way to this one
         self.panel.runs_dir_changed.connect(self.set_runs_folder)
         self.runs.folder_chosen.connect(self.set_runs_folder)
+        self.alerts = Alerts(self)  # a run's end or hang said when the window is not in front
         self._update_actions()
 
     def set_runs_folder(self, folder: str | Path) -> None:
@@ -275,37 +275,12 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------------------ remote
     def show_attach_dialog(self) -> RemoteAttachDialog:
-        """Ask for a remote rank 0's host, port and token (not modal-blocking: open())."""
-        dialog = RemoteAttachDialog(self)
-        dialog.accepted.connect(lambda: self.attach_remote(*dialog.values()))
-        self.attach_dialog = dialog
-        dialog.open()
-        return dialog
+        """Ask for a remote rank 0's host, port and token (:mod:`app.remote_attach`)."""
+        return remote_attach.show_dialog(self)
 
     def attach_remote(self, host: str, port: int, token: str) -> bool:
-        """Watch (and make Stop work on) a run whose rank 0 is on another machine, through
-        ``host:port`` (its forwarded ``--monitor-port``) and its monitor.json's ``token``.
-        The address and the token are tried first (a few seconds at most); only when rank 0
-        welcomes this window does it leave the run it is watching (training on). False, with
-        the reason in the status bar (and a message box when the connection failed), for bad
-        input, a connection that fails, or while a Stop is under way."""
-        host, token = host.strip(), token.strip()
-        try:
-            check_address(host, port, token)
-        except ValueError as e:
-            self.message_label.setText(f"not attached: {e}")
-            return False
-        refused = remote_refusal(host, port, token, ATTACH_CHECK_S)
-        if refused is not None:
-            self.message_label.setText(f"not attached: {refused[0]}")
-            self.attach_failed_box = warn(self, "Not attached", refused[1])
-            return False
-        if not self._leave_current():
-            return False
-        self.dashboard.reset()
-        self.controller.attach_remote(host, port, token)
-        self._viewing(None, title=f"{host}:{port}")
-        return True
+        """Watch a run whose rank 0 is on another machine (:func:`app.remote_attach.attach`)."""
+        return remote_attach.attach(self, host, port, token)
 
     def _leave_current(self) -> bool:
         """Stop watching the active run, leaving it training. False (and why in the status

@@ -67,6 +67,8 @@ PARTS: tuple[Part, ...] = (
          tools.sync_timing, 120),
     Part("launcher-sigkill", "launcher SIGKILLed: no process, no GPU memory left",
          runs.launcher_sigkill, 180, 60),
+    Part("flight-recorder", "NCCL's flight recorder: a real dump, read back",
+         tools.flight_recorder, 90),
     Part("nvml", "NVML fields present and plausible; runs' GPU identity", runs.nvml_fields,
          30, 5),
     Part("doctor", "python -m ddp_engine doctor --json", tools.doctor, 150),

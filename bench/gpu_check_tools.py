@@ -237,3 +237,51 @@ def _ranges(cores: list[int]) -> str:
         else:
             runs.append([c])
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+FLIGHT_RECORDER_CODE = r"""
+import json, os, socket, sys
+from pathlib import Path
+from ddp_engine.common.flight_recorder import recorder_env
+folder = Path(sys.argv[1])
+os.environ.update(recorder_env(folder, environ={}))
+import torch, torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", rank=0, world_size=1)
+x = torch.ones(1 << 20, device="cuda")
+for _ in range(5):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+dump = next(getattr(c10d, n) for n in ("_dump_nccl_trace", "_dump_fr_trace") if hasattr(c10d, n))
+(folder / "ranks").mkdir(parents=True, exist_ok=True)
+(folder / "ranks" / "nccl_trace_rank_0").write_bytes(dump())
+dist.destroy_process_group()
+print(json.dumps({"ok": True}))
+"""
+
+
+def flight_recorder(ctx: Ctx) -> Outcome:
+    """NCCL's flight recorder as the launcher turns it on: a real dump of 5 all-reduces on this
+    GPU, read by ddp_engine.common.flight_recorder (the format a timeout's dump has)."""
+    ctx.need_cuda()
+    if not ctx.cuda:
+        raise Skip("needs NCCL: CPU rehearsal")
+    from ddp_engine.common import flight_recorder as fr
+
+    folder = ctx.work / "flight-recorder"
+    python_json(ctx, FLIGHT_RECORDER_CODE, str(folder), timeout_s=ctx.timeout_s)
+    dumps = fr.read_dumps(folder)
+    if 0 not in dumps:
+        raise Fail(f"no readable dump in {folder / 'ranks'}")
+    seen = fr.collectives(dumps[0])
+    ops = sorted({fr.op_name(e) for e in seen.values()})
+    states = sorted({str(e.get("state")) for e in seen.values()})
+    words = (f"{len(seen)} collectives of the default group in rank 0's dump ({', '.join(ops)};"
+             f" states {', '.join(states)}); verdict {fr.verdict(dumps)!r}")
+    if len(seen) < 5 or "all_reduce" not in ops or fr.verdict(dumps) is not None:
+        raise Fail(words + ": expected 5 completed all_reduces and no verdict")
+    return Outcome(words, {"flight_recorder_entries": len(seen)})

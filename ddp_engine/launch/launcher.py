@@ -30,6 +30,7 @@ from typing import Any, TextIO
 from ddp_engine.common import gpus
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
+from ddp_engine.common.flight_recorder import read_dumps, verdict
 from ddp_engine.common.heartbeat import failure_hint, read_heartbeats
 from ddp_engine.common.processes import terminate_then_kill
 from ddp_engine.common.protocol import MONITOR_FILE
@@ -263,6 +264,10 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     if final.get("state") == "failed" and hint:  # which rank the others waited for, and where
         final["reason"] += ("; before it failed, the run was stalled: " if monitor.hang_hint
                             else "; the heartbeats when it failed: ") + hint
+    recorded = verdict(read_dumps(run_dir)) if final.get("state") == "failed" else None
+    if recorded:  # NCCL's flight recorder dumped at a collective timeout
+        final["flight_recorder"] = recorded
+        final["reason"] += "; NCCL's flight recorder: " + recorded
     if leftover:
         final["swept_pids"] = leftover
     if plan.device == "cuda":  # processes gone by psutil; the GPUs must agree

@@ -13,6 +13,7 @@ from ddp_engine.common import gpus
 from ddp_engine.common.cluster import rendezvous_args
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
+from ddp_engine.common.flight_recorder import recorder_env
 from ddp_engine.common.inventory import NVML_TIMEOUT_S, gpu_inventory_within
 from ddp_engine.common.machine_checks import (
     check_environment,
@@ -100,6 +101,8 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
         run_dir = Path(cfg.runs_dir).resolve() / (
             f"{cfg.default_name()}-{node + '-' if node else ''}<timestamp>")
     changes["run_dir"] = str(run_dir)
+    if device == "cuda":  # NCCL's flight recorder, dumped into ranks/ at a collective timeout
+        env.update(recorder_env(run_dir))
     changes["resume"] = str(Path(cfg.resume).resolve()) if cfg.resume else None
     if cfg.script is not None:  # absolute: the ranks run in script_cwd
         script = Path(cfg.script).resolve()

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -331,3 +332,33 @@ def test_two_nodes_with_one_node_rank_fail_naming_it(tmp_path: Path) -> None:
     assert len(taken) == 1, reasons
     for k in (0, 1):
         assert_no_process_left(tmp_path / f"run-{k}")
+
+
+def test_a_failed_run_reads_nccl_flight_recorder_dumps_into_its_reason(tmp_path: Path) -> None:
+    """What NCCL's watchdog dumps into ranks/ at a collective timeout (written here in its
+    format: this machine has no NCCL) becomes the failed run's verdict in status.json."""
+    import os
+    import pickle
+
+    from tests.conftest import FAULTY
+
+    run_dir = tmp_path / "run"
+    (run_dir / "ranks").mkdir(parents=True)
+    for rank, last in ((0, 5), (1, 4)):  # rank 1 never joined all_reduce #5
+        entries = [{"process_group": ("0", "default_pg"), "collective_seq_id": s,
+                    "profiling_name": "nccl:all_reduce", "is_p2p": False,
+                    "state": "started" if s == 5 else "completed",
+                    "time_created_ns": int((time.time() - 30) * 1e9),
+                    "time_discovered_started_ns": int((time.time() - 30) * 1e9)}
+                   for s in range(1, last + 1)]
+        dump = run_dir / "ranks" / f"nccl_trace_rank_{rank}"
+        dump.write_bytes(pickle.dumps({"version": "2.4", "pg_config": {}, "entries": entries}))
+        os.utime(dump)
+    proc = run_engine("launch", "--nproc", "2", "--max-steps", "50", "--loss",
+                      f"{FAULTY}:raise_on_rank1", "--run-dir", str(run_dir))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    status = read_status(run_dir)
+    assert status["state"] == "failed"
+    assert re.fullmatch(r"rank 1 never joined all_reduce #5; rank 0 waited in it for \d+ s",
+                        status["flight_recorder"])
+    assert status["reason"].endswith("; NCCL's flight recorder: " + status["flight_recorder"])

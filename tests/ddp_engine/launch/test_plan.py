@@ -80,3 +80,17 @@ def test_mig_gpus_are_refused_by_name_and_skipped_by_auto(
     workstation.gpus = [mig_gpu()]
     plan = plan_launch(RunConfig(), create_run_dir=False)
     assert plan.device == "cpu" and "MIG mode" in plan.notes[0]
+
+
+def test_nccl_runs_get_the_flight_recorder_dumping_into_their_folder(
+        workstation: SimulatedNvml, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setattr(inventory, "installed_torch", lambda: CUDA_BUILD)
+    for name in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    plan = plan_launch(RunConfig(gpus=[0, 1], run_dir=str(tmp_path / "run")),
+                       create_run_dir=False)
+    assert plan.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert plan.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(
+        (tmp_path / "run").resolve() / "ranks" / "nccl_trace_rank_")
+    cpu = plan_launch(RunConfig(device="cpu"), create_run_dir=False)
+    assert not any(k.startswith("TORCH_NCCL") for k in cpu.env)

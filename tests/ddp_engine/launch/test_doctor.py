@@ -186,7 +186,7 @@ def test_the_gpus_measured_are_those_launch_would_give_the_same_flags(
         assert (report.plan.device, report.measured) == ("cuda", gpus)
         same = plan_launch(RunConfig(**{k: v for k, v in vars(doctor_args(*flags)).items()
                                         if k in ("gpus", "nproc")}), create_run_dir=False)
-        assert report.plan.env == same.env and same.cfg.gpus == gpus
+        assert _devices(report.plan.env) == _devices(same.env) and same.cfg.gpus == gpus
         assert [(p.a, p.b) for p in report.links] == list(itertools.combinations(sorted(gpus), 2))
     assert len(report.gpus) == 5  # every GPU NVML lists is shown
     with pytest.raises(ConfigError, match=r"^gpus: GPU 4 cannot be used: GPU 4 \(NVIDIA "
@@ -345,3 +345,9 @@ def test_doctor_all_reduces_on_the_gpus(tmp_path: Path) -> None:
     assert [g["index"] for g in measured["gpus"]] == report["gpus_measured"]
     assert report["versions"]["nccl"] and measured["versions"]["nccl"]
     assert all(s["algbw_gbs"] > 0 for s in measured["sizes"])
+
+
+def _devices(env: dict[str, str]) -> dict[str, str]:
+    """A plan's environment less the flight recorder's dump paths (under each plan's own runs
+    folder: doctor's and launch's differ)."""
+    return {k: v for k, v in env.items() if not k.endswith("_TEMP_FILE")}

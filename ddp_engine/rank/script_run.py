@@ -22,9 +22,9 @@ from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.common.run_dir import prepare_run_dir
 from ddp_engine.common.stack_dumps import arm_stack_dumps
 from ddp_engine.rank.distributed import DistInfo, StopFlag
+from ddp_engine.rank.rank_life import RunFailed, close_rank, record_failure, write_rank_state
 from ddp_engine.rank.script_watch import ScriptStopped, ScriptWatch
 from ddp_engine.rank.telemetry import Telemetry
-from ddp_engine.rank.worker import RunFailed, close_rank, record_failure, write_rank_state
 
 log = logging.getLogger("ddp_engine.rank.script_run")
 

@@ -32,6 +32,7 @@ from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
 from ddp_engine.common.flight_recorder import read_dumps, verdict
 from ddp_engine.common.heartbeat import failure_hint, read_heartbeats
+from ddp_engine.common.lifeline import ASKED_BY_SIGNAL
 from ddp_engine.common.processes import terminate_then_kill
 from ddp_engine.common.protocol import MONITOR_FILE
 from ddp_engine.common.run_dir import (
@@ -163,9 +164,10 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     monitor = RunMonitor(run_dir, status, out, world_size=plan.cfg.nproc or 1,
                          node_rank=plan.cfg.node_rank)
     signals.monitor = monitor
-    signals.forward_to_ranks = plan.cfg.multi_node
+    signals.grace.timeout_s = plan.cfg.shutdown_timeout_s
     monitor.shutdown = ShutdownClock(plan.cfg.shutdown_timeout_s, monitor.say)
     monitor.stop_signalled = lambda: signals.agent_signals > 0
+    monitor.stop_requests = signals.poll_once
     monitor.start()
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -220,14 +222,21 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
                + [monitor.last_step])
     all_ranks = len(states) == world
     if final.get("state") in ("completed", "stopped"):
-        signalled = final.get("state") == "stopped"
+        # Stopped by a signal: torchrun's (escalated, the agent raised) or the agreed stop it
+        # asked for (the agent then ended normally).
+        stop_signal = final.get("stop_signal") or (signals.asked.name if signals.asked else None)
+        signalled = stop_signal is not None
+        final.pop("stop_signal", None)
+        if signalled:
+            final["stop_signal"] = stop_signal
         if all_ranks and all(s == "stopped" for s in states.values()):
             why = (monitor.stop_reason or next((d["reason"] for d in ranks.values()
                                                 if d.get("reason")), None)
-                   or f"signal {final.get('stop_signal')}")
+                   or f"signal {stop_signal}")
+            if signals.asked is not None:  # this launcher's own signal: named
+                why = why.replace(ASKED_BY_SIGNAL, f"{signals.asked.name} to")
             final = {"state": "stopped", "reason": f"stop requested ({why}); all ranks stopped "
-                     f"at step {step}", **({"stop_signal": final["stop_signal"]}
-                                           if signalled else {})}
+                     f"at step {step}", **({"stop_signal": stop_signal} if signalled else {})}
             code = EXIT_OK
         elif all_ranks and all(s == "completed" for s in states.values()):
             final = {"state": "completed"}
@@ -236,11 +245,12 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
             final = {"state": "failed", "reason": _rank_error(run_dir)}
             code = EXIT_FAILED
         elif signalled and not states:
-            final = {"state": "stopped", "stop_signal": final["stop_signal"],
-                     "reason": f"stopped during start-up ({final['stop_signal']}), before any "
+            final = {"state": "stopped", "stop_signal": stop_signal,
+                     "reason": f"stopped during start-up ({stop_signal}), before any "
                                "rank started training"}
             code = EXIT_OK
         elif signalled:
+            final["state"] = "stopped"
             unclean = sorted(set(mine) - {r for r, s in states.items() if s == "stopped"})
             final.update(forced=True, reason=f"forced stop ({', '.join(signals_seen)}): ranks "
                          f"{unclean} were killed before they stopped cleanly")

@@ -107,7 +107,13 @@ class RunMonitor(threading.Thread):
         self.shutdown: ShutdownClock | None = None
         """The run's shutdown timeout, kept here (see :mod:`ddp_engine.launch.shutdown`)."""
         self.stop_signalled: Callable[[], bool] = lambda: False
-        """Whether the launcher got a stop signal: the shutdown timeout runs from then on."""
+        """Whether the agent was told to stop the ranks: the shutdown timeout runs from then."""
+        self.stop_requests: Callable[[dict[int, dict[str, Any]], dict[int, psutil.Process],
+                                      Callable[[], dict[int, dict[str, Any]]]], None] | None
+        self.stop_requests = None
+        """Called each poll with this node's rank files, the run's processes and a heartbeat
+        reader: the launcher's stop request goes to ranks as they start (see
+        :class:`~ddp_engine.launch.signals.LauncherSignals`)."""
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
@@ -143,6 +149,8 @@ class RunMonitor(threading.Thread):
         first = self.node_rank * self.world_size  # this node's ranks only
         ranks = {r: d for r, d in read_rank_files(self.run_dir).items()
                  if first <= r < first + self.world_size}
+        if self.stop_requests is not None:
+            self.stop_requests(ranks, self.procs, lambda: read_heartbeats(self.run_dir))
         if self.shutdown is not None:
             if self.stop_signalled():
                 self.shutdown.start("a stop signal")

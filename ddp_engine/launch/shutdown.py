@@ -35,10 +35,19 @@ class ShutdownClock:
     """
 
     def __init__(self, timeout_s: float, say: Callable[[str], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 act: Callable[[dict[int, psutil.Process]], None] | None = None,
+                 doing: str = "killing them (the shutdown timeout)",
+                 watch_exits: bool = True) -> None:
+        """``act`` replaces the SIGKILL at the deadline (once; ``doing`` says what it does);
+        ``watch_exits=False``: a rank that ended does not start the clock."""
         self.timeout_s = timeout_s
         self.say = say
         self.clock = clock
+        self.act = act
+        self.doing = doing
+        self.watch_exits = watch_exits
+        self.fired = False
         self.deadline: float | None = None
         self.why = ""
         self.killed: list[int] = []
@@ -59,10 +68,10 @@ class ShutdownClock:
         running = {r: procs[d["pid"]] for r, d in ranks.items()
                    if d.get("pid") in procs and alive([procs[d["pid"]]])}
         for r, d in sorted(ranks.items()):
-            if (d.get("pid") in procs and r not in running
+            if (self.watch_exits and d.get("pid") in procs and r not in running
                     and d.get("state") not in ("completed", "stopped")):
                 self.start(f"rank {r} ended while {d.get('state', 'running')}")
-        if self.deadline is None or not running:
+        if self.deadline is None or not running or self.fired:
             return []
         now = self.clock()
         saving = sorted(r for r, b in beats().items() if r in running
@@ -81,7 +90,11 @@ class ShutdownClock:
             return []
         self.say(f"rank{'s' if len(running) > 1 else ''} {', '.join(map(str, sorted(running)))} "
                  f"still running {self.timeout_s:g} s after the shutdown began ({self.why}): "
-                 "killing them (the shutdown timeout)")
+                 f"{self.doing}")
+        if self.act is not None:
+            self.fired = True
+            self.act(running)
+            return []
         for proc in running.values():
             kill(_with_children(proc))
         self.killed += sorted(running)

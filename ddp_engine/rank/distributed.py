@@ -20,7 +20,12 @@ import torch.distributed as dist
 from ddp_engine.common.config_values import NODE_RANK_ENV
 from ddp_engine.common.gpus import Nvml, list_gpus
 from ddp_engine.common.inventory import FIX_CPU_BUILD
-from ddp_engine.common.lifeline import PARENT_DEATH_SIGNAL
+from ddp_engine.common.lifeline import (
+    PARENT_DEATH_SIGNAL,
+    STOP_REQUEST_SIGNAL,
+    asked_by_signal,
+    signal_name,
+)
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,9 @@ class StopFlag:
         self._pending: tuple[Any, list[torch.Tensor], int, bool, float] | None = None
         self.rounds: list[int] = []
         """The steps that started a round (tests and benchmarks read it)."""
+        self.handlers: dict[int, Any] = {}
+        """The signal handlers :meth:`install_signal_handlers` set, by signal number (a
+        script's own handler for one of them is chained onto ours)."""
 
     def attach(self, side_group: dist.ProcessGroup) -> None:
         """Use ``side_group`` for the agreement (created after the handlers were installed)."""
@@ -262,7 +270,9 @@ class StopFlag:
         return self._requested
 
     def install_signal_handlers(self, grace_s: float) -> None:
-        """SIGTERM, SIGINT and SIGHUP (which torchrun forwards) request a stop; so does the
+        """The launcher's stop request (:data:`STOP_REQUEST_SIGNAL`: it got SIGTERM, SIGINT or
+        SIGHUP), and those signals themselves (a rank started by plain torchrun, or the
+        launcher's escalation when the agreed stop did not end), request a stop; so does the
         parent-death signal (the launcher died). Either way, a rank whose stop has not finished
         ``grace_s`` later is stuck (a hung step, a collective with a dead peer): it says so and
         SIGKILLs itself. torchrun, which waits 30 s after a failure whatever its shutdown
@@ -274,7 +284,11 @@ class StopFlag:
                 self._arm_watchdog(why, grace_s)
 
         def handler(signum: int, _frame: FrameType | None) -> None:
-            watchdog(f"signal {signal.Signals(signum).name}")
+            watchdog(f"signal {signal_name(signum)}")
+
+        def asked(_signum: int, _frame: FrameType | None) -> None:
+            node = os.environ.get(NODE_RANK_ENV)
+            watchdog(asked_by_signal(int(node) if node else None))
 
         def orphaned(_signum: int, _frame: FrameType | None) -> None:
             node = int(os.environ.get(NODE_RANK_ENV) or 0)
@@ -282,7 +296,11 @@ class StopFlag:
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, handler)
+        signal.signal(STOP_REQUEST_SIGNAL, asked)
         signal.signal(PARENT_DEATH_SIGNAL, orphaned)
+        self.handlers = {int(sig): signal.getsignal(sig) for sig in (
+            signal.SIGTERM, signal.SIGINT, signal.SIGHUP, STOP_REQUEST_SIGNAL,
+            PARENT_DEATH_SIGNAL)}
 
     def _arm_watchdog(self, why: str, grace_s: float) -> None:
         """SIGKILL this rank ``grace_s`` from now unless it has exited (see

@@ -304,9 +304,13 @@ def test_a_signal_to_either_launcher_stops_both_nodes_at_one_step(tmp_path: Path
     assert {d["state"] for d in ranks.values()} == {"stopped"}
     assert len({d["step"] for d in ranks.values()}) == 1, ranks
     name = signal.Signals(sig).name
-    for folder in (run_dir, run_dir / "node-1"):
-        assert read_status(folder)["reason"] == (f"stop requested (signal {name}); all ranks "
-                                                 f"stopped at step {ranks[0]['step']}")
+    for n, folder in enumerate((run_dir, run_dir / "node-1")):
+        # The launcher that got the signal names it; the other node says whose launcher did.
+        asker = f"{name} to" if n == node else "a stop signal to"
+        assert read_status(folder)["reason"] == (
+            f"stop requested ({asker} node {node}'s launcher); all ranks stopped at step "
+            f"{ranks[0]['step']}")
+        assert read_status(folder).get("stop_signal") == (name if n == node else None)
     assert_no_process_left(run_dir)
 
 

@@ -207,7 +207,10 @@ def test_ctrl_c_stops_a_script_at_one_step_as_a_built_in_run(tmp_path: Path) -> 
     assert read_status(run_dir)["state"] == "stopped"
     ranks = read_rank_files(run_dir)
     (step,) = {d["step"] for d in ranks.values()}
-    assert {d["reason"] for d in ranks.values()} == {"signal SIGINT"}
+    # The launcher turned its SIGINT into the agreed stop: no rank saw the signal.
+    assert {d["reason"] for d in ranks.values()} == {"a stop signal to the launcher"}
+    assert read_status(run_dir)["reason"] == (f"stop requested (SIGINT to the launcher); all "
+                                              f"ranks stopped at step {step}")
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
     assert_no_process_left(run_dir)
 

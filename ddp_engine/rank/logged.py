@@ -74,6 +74,12 @@ class LoggedScalars:
             self._taken_shared[step], self._shared = self._shared, {}
         return len(values)
 
+    def mine(self, step: int) -> dict[str, float]:
+        """This rank's values of the report at ``step``, its shared ones included, without a
+        gather (a script's last report carries them another way)."""
+        mine = {k: v for k, v in self._taken.pop(step, {}).items() if math.isfinite(v)}
+        return {**self._taken_shared.pop(step, {}), **mine}
+
     def gather(self, step: int, counts: list[float], group: dist.ProcessGroup | None
                ) -> list[dict[str, float]]:
         """Every rank's values of the report at ``step`` (row r for rank r), given every

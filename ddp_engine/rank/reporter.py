@@ -66,23 +66,27 @@ class Reporter:
         return [math.nan if values.get(k) is None else float(values[k] or 0.0)
                 for k in REPORT_FIELDS]
 
-    def publish(self, rounds: list[Round], step_now: int, epoch_now: int) -> bool:
+    def publish(self, rounds: list[Round], step_now: int, epoch_now: int,
+                logged: list[list[dict[str, float]]] | None = None) -> bool:
         """Act on the reports the rounds brought (read after step ``step_now``, in epoch
-        ``epoch_now``). Returns True to stop for a non-finite loss (every rank alike)."""
+        ``epoch_now``). Returns True to stop for a non-finite loss (every rank alike).
+        ``logged``: each round's logged values by rank, known already (a script's last
+        reports, which come without a collective); otherwise they are gathered."""
         stop = False
-        for done in rounds:
+        for i, done in enumerate(rounds):
             if not done.reported:
                 continue
             rows = done.reports()
             bad = {r: got[LOSS_AT] for r, got in enumerate(rows)
                    if got[LOSS_STEPS_AT] > 0 and not math.isfinite(got[LOSS_AT])}
             epoch = self._epochs.pop(done.step, epoch_now)
-            logged = self.logged.gather(done.step, [got[LOGGED_AT] for got in rows],
-                                        self.group)  # a collective when any rank logged
+            values = logged[i] if logged is not None else self.logged.gather(
+                done.step, [got[LOGGED_AT] for got in rows], self.group)  # a collective
+            # when any rank logged
             if self.telemetry is not None:
                 self.telemetry.publish({"type": "metrics", "time": done.time, "step": done.step,
                                         "epoch": epoch, "total_steps": self.total_steps,
-                                        "ranks": rank_entries(rows, self.places, logged)})
+                                        "ranks": rank_entries(rows, self.places, values)})
                 self._watch_loss(done.step, [got[LOSS_AT] for got in rows])
             if bad and not stop:
                 stop = self._nonfinite(bad, done.step, step_now)

@@ -18,7 +18,8 @@ TIMING_FIELDS: tuple[str, ...] = ("data_wait_s", "forward_s", "backward_s", "opt
                                   "sync_time_s", "sync_exposed_s", "sync_bytes", "sync_buckets")
 REPORT_FIELDS: tuple[str, ...] = ("loss", "samples_per_s", "step_time_s", "eval_s",
                                   *TIMING_FIELDS,
-                                  *DEVICE_KEYS, "process_cpu_s", "loss_steps", "logged_keys",
+                                  *DEVICE_KEYS, "process_cpu_s", "skipped_steps",
+                                  "loss_steps", "logged_keys",
                                   "local_rank", "on_cuda")
 """Per-rank values gathered to rank 0 at each log interval, in this order (NaN for None).
 The last four are not published as they are: ``loss_steps`` (steps with a loss: 0 when a

@@ -23,7 +23,8 @@ from ddp_engine.common.run_dir import prepare_run_dir
 from ddp_engine.common.stack_dumps import arm_stack_dumps
 from ddp_engine.rank.distributed import DistInfo, StopFlag
 from ddp_engine.rank.rank_life import RunFailed, close_rank, record_failure, write_rank_state
-from ddp_engine.rank.script_watch import ScriptStopped, ScriptWatch
+from ddp_engine.rank.script_stop import ScriptStopped, publish_finals
+from ddp_engine.rank.script_watch import ScriptWatch
 from ddp_engine.rank.telemetry import Telemetry
 
 log = logging.getLogger("ddp_engine.rank.script_run")
@@ -61,6 +62,8 @@ def run_script(cfg: RunConfig, stop: StopFlag) -> int:
         log.info("rank %d/%d runs %s %s in %s, run folder %s", info.rank, info.world_size,
                  cfg.script, " ".join(cfg.script_args), cfg.script_cwd, run_dir)
         outcome = _run_main(cfg, watch)
+        if info.rank == 0 and watch.outcome is None:  # it ended by itself: every rank's last
+            publish_finals(watch, watch.side_timeout_s)  # report, as each rank's script ends
         step = {"step": watch.step, "epoch": watch.epoch}
         watch.reporter.event(outcome, step=watch.step, epoch=watch.epoch)
         if telemetry is not None:
@@ -90,7 +93,7 @@ def _run_main(cfg: RunConfig, watch: ScriptWatch) -> str:
     script = Path(cfg.script)
     sys.argv = [str(script), *cfg.script_args]
     sys.path[0] = str(script.parent)  # what ``python train.py`` puts first
-    os.chdir(cfg.script_cwd or script.parent)
+    os.chdir(cfg.script_cwd or os.curdir)  # unset (not resolved by a plan): where it started
     try:
         runpy.run_path(str(script), run_name="__main__")
     except ScriptStopped as e:

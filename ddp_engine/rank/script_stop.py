@@ -1,16 +1,28 @@
-"""The end of a watched script at an agreed stop: how it leaves, and what rank 0 saves."""
+"""The end of a watched script: at an agreed stop, how it leaves and what rank 0 saves; by
+itself, how every rank's last report reaches rank 0 without a collective."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
+import math
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_engine.common.config import RunConfig
+from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.rank import checkpoint
+from ddp_engine.rank.distributed import DistInfo, Round, StopFlag
+from ddp_engine.rank.logged import LoggedScalars
+from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.save_wait import while_rank0_writes
-
-if TYPE_CHECKING:
-    from ddp_engine.rank.script_watch import ScriptWatch
 
 log = logging.getLogger("ddp_engine.rank.script_stop")
 
@@ -25,20 +37,57 @@ class ScriptStopped(SystemExit):  # noqa: N818 (it is an exit, as SystemExit is)
         self.outcome = outcome
 
 
-def stop_payload(watch: ScriptWatch) -> Any:
+class ScriptEnd(Protocol):
+    """What the end of a script needs of its watch (:class:`~.script_watch.ScriptWatch`)."""
+
+    cfg: RunConfig
+    info: DistInfo
+    run_dir: Path
+    stop: StopFlag
+    heartbeat: Heartbeat | None
+    reporter: Reporter
+    logged: LoggedScalars
+    group: dist.ProcessGroup | None
+    store: dist.Store | None
+    step: int
+    epoch: int
+    on_stop_fns: list[Callable[[], Any]]
+
+    @property
+    def ddps(self) -> list[DDP]: ...
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]: ...
+
+
+FINAL_KEY = "rankscope/final/{rank}"
+
+
+def _named(objs: list[Any]) -> dict[str, Any]:
+    """``{"Generator": sd, "Discriminator": sd}``: each state dict by its class name (and
+    position where two share one)."""
+    names = [type(o).__name__ for o in objs]
+    return {(n if names.count(n) == 1 else f"{n}_{i}"): o.state_dict()
+            for i, (n, o) in enumerate(zip(names, objs, strict=True))}
+
+
+def stop_payload(watch: ScriptEnd) -> Any:
     """Run the script's ``rankscope.on_stop`` functions (on every rank: they may use
     collectives) and return what rank 0 saves: the last non-None result; without such a
-    function, the DDP module's ``module.state_dict()`` and the first optimizer's state; None
-    when there is neither."""
+    function, every DDP module's ``module.state_dict()`` and every optimizer's state, named
+    by class (``models``, ``optimizers``; ``model`` and ``optimizer`` are the latest DDP's and
+    the step-counting optimizer's); None when there is neither."""
     payload: Any = None
     for fn in watch.on_stop_fns:
         got = fn()
         payload = got if got is not None else payload
-    if watch.on_stop_fns or watch.ddp is None:
+    ddps, optimizers = watch.ddps, watch.optimizers
+    if watch.on_stop_fns or not ddps:
         return payload
     return {"format": checkpoint.FORMAT, "source": "script", "script": watch.cfg.script,
-            "model": watch.ddp.module.state_dict(),
-            "optimizer": watch.optimizers[0].state_dict() if watch.optimizers else None,
+            "model": ddps[-1].module.state_dict(),
+            "optimizer": optimizers[0].state_dict() if optimizers else None,
+            "models": _named([m.module for m in ddps]), "optimizers": _named(optimizers),
             "step": watch.step, "epoch": watch.epoch, "world_size": watch.info.world_size}
 
 
@@ -64,7 +113,7 @@ def save_stop_checkpoint(payload: Any, run_dir: Path, step: int, has_on_stop: bo
     return path
 
 
-def save_at_stop(watch: ScriptWatch) -> None:
+def save_at_stop(watch: ScriptEnd) -> None:
     """Every rank, at an agreed stop: the on_stop functions; rank 0 saves what they return,
     or by default the DDP module's and the first optimizer's state (:func:`stop_payload`),
     while the others wait for it (:func:`~ddp_engine.rank.save_wait.while_rank0_writes`:
@@ -86,6 +135,65 @@ def save_at_stop(watch: ScriptWatch) -> None:
     while_rank0_writes(watch.group, watch.info.rank, write, watch.cfg.dist_timeout_s, watch.stop)
 
 
-def _enter(watch: ScriptWatch, phase: str) -> None:
+def _enter(watch: ScriptEnd, phase: str) -> None:
     if watch.heartbeat is not None:
         watch.heartbeat.enter(phase, watch.step)
+
+
+def post_final(watch: ScriptEnd, row: list[float] | None) -> None:
+    """This rank's last report (``row``: the steps since the last one, or None) and its logged
+    values, into the run's store for rank 0 (:func:`publish_finals`): a write, no wait. The
+    round still in flight is read first: every rank started it after the same step, so it
+    completes without waiting on any rank's script."""
+    settled = watch.stop.settle()
+    final = {"step": watch.step, "row": row,
+             "logged": watch.logged.mine(watch.step) if row is not None else {},
+             "settled": None if settled is None else {
+                 "step": settled.step, "rows": settled.rows, "reported": settled.reported,
+                 "time": settled.time,
+                 "logged": watch.logged.mine(settled.step) if settled.reported else {}}}
+    if watch.info.world_size == 1:
+        _publish(watch, {0: final})
+    elif watch.store is not None:
+        watch.store.set(FINAL_KEY.format(rank=watch.info.rank), json.dumps(final))
+
+
+def publish_finals(watch: ScriptEnd, wait_s: float) -> None:
+    """Rank 0, once its own script is over: every rank's last report. Waits for the other
+    ranks' posts at most ``wait_s`` (they come as their scripts end; torchrun ends this rank
+    if one fails), then publishes what came."""
+    world = watch.info.world_size
+    if world == 1 or watch.store is None:
+        return
+    keys = [FINAL_KEY.format(rank=r) for r in range(world)]
+    try:
+        watch.store.wait(keys, datetime.timedelta(seconds=wait_s))
+    except (RuntimeError, dist.DistError) as e:  # a rank that never posted
+        log.warning("the last reports of some ranks did not come within %g s (%s); "
+                    "publishing those that did", wait_s, e)
+    finals = {r: json.loads(watch.store.get(key)) for r, key in enumerate(keys)
+              if watch.store.check([key])}
+    _publish(watch, finals)
+
+
+def _publish(watch: ScriptEnd, finals: dict[int, dict[str, Any]]) -> None:
+    """Rank 0: the round that was in flight (its rows are the same on every rank; the logged
+    values each rank's own) and every rank's last report, as one more round."""
+    world = watch.info.world_size
+    if not finals:
+        return
+    settled = next((f["settled"] for f in finals.values() if f.get("settled")), None)
+    if settled is not None:
+        logged = [(finals.get(r, {}).get("settled") or {}).get("logged", {})
+                  for r in range(world)]
+        watch.reporter.publish([Round(settled["step"], settled["rows"], settled["reported"],
+                                      settled["time"])], watch.step, watch.epoch,
+                               logged=[logged])
+    rows = [finals[r]["row"] if r in finals else None for r in range(world)]
+    size = next((len(row) for row in rows if row is not None), 0)
+    if size:
+        step = max(int(f["step"]) for f in finals.values())
+        full = [[0.0, 0.0, *(row if row is not None else [math.nan] * size)] for row in rows]
+        logged = [finals[r]["logged"] if r in finals else {} for r in range(world)]
+        watch.reporter.publish([Round(step, full, True, time.time())], watch.step,
+                               watch.epoch, logged=[logged])

@@ -1,30 +1,29 @@
-"""Watching a user's own training script from inside its rank, without changing it.
-
-A :class:`ScriptWatch` hooks what every DDP script does anyway:
+"""Watching a user's own training script from inside its rank, without changing it: the step
+accounting and reporting. Where the script meets torch is :mod:`script_patches`; its end,
+at an agreed stop or by itself, is :mod:`script_stop`.
 
 - ``init_process_group``: right after it, the watch's own CPU side group (agreed-stop rounds
-  and reports, as in built-in runs); ``destroy_process_group``: just before it, the last report.
-- ``DistributedDataParallel``: a forward pre-hook sees the batch (samples/s from its first
-  dimension) and when compute starts (data wait: since the last step or backward ended); the
-  timing comm hook is registered at the first forward, or the script's own Python hook is
-  wrapped with the same timing (DDP's built-in C++ hooks cannot be: the run says so).
-- ``torch.autograd.backward``: a one-element tensor passed to it is the loss, kept on the
-  device and read on reporting steps only (a ``GradScaler``'s scaled loss counts unscaled).
-- torch's global optimizer step hooks: the first optimizer that steps counts the steps, each
-  followed by the agreed-stop round. At an agreed stop, rank 0 saves (:mod:`script_stop`) and
-  :class:`ScriptStopped` leaves the script from ``optimizer.step()`` on every rank.
+  and reports), with the script's own timeout (never shorter), and the rank's device.
+- Every ``DistributedDataParallel`` the script builds (the most recent one is timed; staged
+  training builds several): a forward pre-hook sees the batch (samples/s) and when compute
+  starts (data wait); the timing comm hook goes on over DDP's own process group at the first
+  backward, or the script's own Python hook is wrapped with the same timing.
+- ``torch.autograd.backward``: a one-element tensor passed to it is the loss (a
+  ``GradScaler``'s scaled loss counts unscaled; inside an optimizer's closure, the first).
+- Optimizer steps (torch's global hooks): one counts the steps (the first that steps; another
+  takes over when it steps twice while that one does not: staged training), each followed by
+  the agreed-stop round. A step a GradScaler skips is counted as skipped, its loss dropped.
 - ``DistributedSampler.set_epoch``: the epoch.
-
-:meth:`ScriptWatch.uninstall` undoes every patch.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import math
 import socket
-import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-import torch.optim.optimizer as optim_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data.distributed import DistributedSampler
 
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.heartbeat import Heartbeat
@@ -42,14 +39,18 @@ from ddp_engine.rank.device_sampler import DeviceSampler
 from ddp_engine.rank.distributed import DistInfo, StopFlag, rank_places
 from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.reporter import Reporter
-from ddp_engine.rank.reports import Interval
-from ddp_engine.rank.script_stop import ScriptStopped, save_at_stop
+from ddp_engine.rank.reports import REPORT_FIELDS, Interval
+from ddp_engine.rank.script_patches import PARTS, Guard, TorchPatches, chain
+from ddp_engine.rank.script_stop import ScriptStopped, post_final, save_at_stop
 from ddp_engine.rank.sync_timing import StepTimer
 from ddp_engine.rank.telemetry import Telemetry
 
 log = logging.getLogger("ddp_engine.rank.script_watch")
 
 SYNC_FIELDS = ("sync_time_s", "sync_exposed_s", "sync_bytes", "sync_buckets")
+SCALER_SKIPS_DIVERGED = 20
+"""Steps a GradScaler skips in a row before the loss counts as non-finite (the run's
+``nonfinite_loss`` policy): by then it has cut its scale 2^20-fold and still overflows."""
 
 
 def _first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -69,10 +70,13 @@ def _first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | No
     return None
 
 
+def _compiling() -> bool:
+    """Inside torch.compile's tracing: our hooks do nothing there (no graph break)."""
+    return bool(torch.compiler.is_compiling())
+
+
 class ScriptWatch:
     """One rank's view of a running script; installed with :meth:`install` before it runs."""
-
-    _active: ScriptWatch | None = None
 
     def __init__(self, cfg: RunConfig, info: DistInfo, run_dir: Path, stop: StopFlag,
                  telemetry: Telemetry | None, heartbeat: Heartbeat | None) -> None:
@@ -86,7 +90,12 @@ class ScriptWatch:
         self.reporter.total_steps = cfg.max_steps
         self.reporter.attach(None, [{"host": socket.gethostname(), "node": info.node_rank,
                                      "local_rank": info.local_rank}])
+        self.guard = Guard(self._part_failed)
+        self.patches = TorchPatches(self, self.guard)
         self.group: dist.ProcessGroup | None = None  # the side group, once the script joined
+        self.store: dist.Store | None = None  # the run's store: the last reports, no collective
+        self.side_timeout_s = cfg.dist_timeout_s
+        """The side group's timeout: the script's own process group's, at the least."""
         self.step = 0
         self.epoch = 0
         self.outcome: str | None = None
@@ -94,157 +103,75 @@ class ScriptWatch:
         self.device = torch.device("cpu")
         self.timer: StepTimer | None = None
         self.sampler: DeviceSampler | None = None
-        self.ddp: DDP | None = None
-        self.optimizers: list[torch.optim.Optimizer] = []
+        # Weakly: a stage the script left (its DDP, its optimizer) is freed as under torchrun.
+        self._ddps: list[weakref.ref[DDP]] = []
+        self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
+        self._counter: weakref.ref[torch.optim.Optimizer] | None = None
+        self._other_steps = 0  # steps of other optimizers since the counting one stepped
         self.on_stop_fns: list[Callable[[], Any]] = []
         self.uses_should_stop = False
         self.sync_missing: str | None = "the script built no DistributedDataParallel"
-        self._script_hook = False  # the script registered a comm hook of its own
-        self._ours_registered = False
+        self._hooked: set[int] = set()  # ids of DDP modules whose comm hook is timed
         self._interval = Interval()
         self._loss: torch.Tensor | None = None
         self._samples = 0
         self._idle_since: float | None = None
         self._forward_stamp: Any = None
         self._opt_stamp: Any = None
+        self._in_opt = False
+        self._opt_loss_seen = False  # inside an optimizer's closure: the first loss counts
         self._in_backward = False
         self._saw_loss = False
+        self.skipped = 0  # GradScaler-skipped steps since the last report
+        self.skipped_in_row = 0
+        self._scaler_stepping: tuple[int, bool] | None = None  # (id of its optimizer, stepped)
         self._said: dict[str, str] = {}
         self._scaled: tuple[int, torch.Tensor] | None = None  # (id of a scaled loss, unscaled)
         self._finished = False
-        self._undo: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------------- install
     def install(self) -> None:
-        """Patch torch's entry points (see the module docstring); :meth:`uninstall` undoes."""
-        ScriptWatch._active = self
-        self._patch(c10d, "init_process_group", self._wrap_init)
-        self._patch(dist, "init_process_group", self._wrap_init)
-        self._patch(c10d, "destroy_process_group", self._wrap_destroy)
-        self._patch(dist, "destroy_process_group", self._wrap_destroy)
-        self._patch(torch.autograd, "backward", self._wrap_backward)
-        self._patch(DDP, "__init__", self._wrap_ddp_init)
-        self._patch(DDP, "register_comm_hook", self._wrap_register_hook)
-        self._patch(DDP, "_register_builtin_comm_hook", self._wrap_builtin_hook)
-        self._patch(torch.amp.GradScaler, "scale", self._wrap_scale)
-        self._patch(DistributedSampler, "set_epoch", self._wrap_set_epoch)
-        pre = optim_hooks.register_optimizer_step_pre_hook(self._before_opt_step)
-        post = optim_hooks.register_optimizer_step_post_hook(self._after_opt_step)
-        self._undo += [pre.remove, post.remove]
+        self.patches.install()
 
     def uninstall(self) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._undo = []
-        self.ddp, self.optimizers, self.on_stop_fns = None, [], []  # no cycle via the hooks
-        if ScriptWatch._active is self:
-            ScriptWatch._active = None
+        self.patches.uninstall()
+        self._ddps, self._optimizers, self.on_stop_fns = [], [], []
         if self.sampler is not None:
             self.sampler.request_stop()
 
-    def _patch(self, owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Any]) -> None:
-        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-        setattr(owner, name, wrap(original))
-        self._undo.append(lambda: setattr(owner, name, original))
+    @property
+    def ddp(self) -> DDP | None:
+        """The most recent DDP module the script built and still holds."""
+        alive = [m for m in (r() for r in self._ddps) if m is not None]
+        return alive[-1] if alive else None
 
-    # ------------------------------------------------------------------------- the wrappers
-    def _wrap_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            self._joined()
-            return out
-        return init_process_group
+    @property
+    def ddps(self) -> list[DDP]:
+        return [m for m in (r() for r in self._ddps) if m is not None]
 
-    def _wrap_destroy(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def destroy_process_group(group: Any = None) -> Any:
-            if group is None or group is c10d.GroupMember.WORLD:
-                # The last report (collectives), unless on an exception's way out through a
-                # ``finally``: the other ranks may be training on.
-                self._finished = self._finished or sys.exc_info()[0] is not None
-                self.finish()
-                if not dist.is_initialized():
-                    return None  # gone already (the watch ended it at an agreed stop)
-            return original(group)
-        return destroy_process_group
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Every optimizer that stepped and is still held, the counting one first."""
+        alive = [o for o in (r() for r in self._optimizers) if o is not None]
+        counter = self._counter() if self._counter is not None else None
+        return ([counter] if counter is not None else []) + [o for o in alive
+                                                             if o is not counter]
 
-    def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if self._in_backward or not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
-                return original(tensors, *args, **kwargs)  # not a loss (or a nested backward)
-            loss = tensors.detach()
-            if self._scaled is not None and self._scaled[0] == id(tensors):
-                loss = self._scaled[1]  # scaler.scale(loss).backward(): the loss, unscaled
-            self._scaled = None
-            self._saw_loss = True
-            self._loss = loss if self._loss is None else self._loss + loss
-            self._phase("backward")
-            timer = self.timer
-            start = timer.stamp() if timer is not None else None
-            self._in_backward = True
-            try:
-                return original(tensors, *args, **kwargs)
-            finally:
-                self._in_backward = False
-                if timer is not None:
-                    end = timer.stamp()
-                    timer.phase("backward", start, end)
-                    timer.mark_backward_end(end)
-                self._idle_since = time.perf_counter()
-                self._phase("data")
-        return backward
-
-    def _wrap_scale(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def scale(scaler: Any, outputs: Any) -> Any:
-            out = original(scaler, outputs)
-            if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
-                self._scaled = (id(out), outputs.detach())
-            return out
-        return scale
-
-    def _wrap_set_epoch(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def set_epoch(sampler: Any, epoch: int) -> None:
-            original(sampler, epoch)
-            if epoch != self.epoch or self.step == 0:
-                self.epoch = epoch
-                self.reporter.event("epoch_start", epoch=epoch)
-        return set_epoch
-
-    def _wrap_ddp_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def __init__(module: DDP, *args: Any, **kwargs: Any) -> None:  # noqa: N807
-            original(module, *args, **kwargs)
-            if self.ddp is None:
-                self._adopt(module)
-        return __init__
-
-    def _wrap_register_hook(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def register_comm_hook(module: DDP, state: object, hook: Callable[..., Any]) -> None:
-            if module is self.ddp and self.timer is not None and not self._ours_registered:
-                self._script_hook = True
-                self.sync_missing = None
-                hook = self.timer.wrap(hook)  # the script's hook, timed
-            original(module, state, hook)
-        return register_comm_hook
-
-    def _wrap_builtin_hook(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def _register_builtin_comm_hook(module: DDP, comm_hook_type: Any) -> None:
-            if module is self.ddp:
-                self._script_hook = True
-                self.sync_missing = (f"the script registered DDP's built-in comm hook "
-                                     f"{getattr(comm_hook_type, 'name', comm_hook_type)}, "
-                                     "which cannot be timed from Python")
-            original(module, comm_hook_type)
-        return _register_builtin_comm_hook
-
-    # ------------------------------------------------------------------------- events
-    def _joined(self) -> None:
+    # ------------------------------------------------------------------------- torch's calls
+    def joined(self, timeout: datetime.timedelta | None) -> None:
         """After the script's init_process_group: the side group (every rank makes it at the
-        same point), where every rank runs, the device, and the run's start."""
-        backend = dist.get_backend()
-        if backend == "nccl" and torch.cuda.is_available():
-            self.device = torch.device("cuda", self.info.local_rank)  # the standard recipe
+        same point, with the script's own timeout at the least), the device, the start."""
+        backend = str(dist.get_backend())
+        if "nccl" in backend and torch.cuda.is_available():  # "nccl", or "cpu:gloo,cuda:nccl"
+            local = self.info.local_rank
+            self.device = torch.device("cuda", local if local < torch.cuda.device_count()
+                                       else torch.cuda.current_device())
+        self.store = c10d._get_default_store()
         if self.info.world_size > 1:
+            script_s = (timeout or c10d.default_pg_timeout).total_seconds()
+            self.side_timeout_s = max(script_s, self.cfg.dist_timeout_s)
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(
-                seconds=self.cfg.dist_timeout_s))
+                seconds=self.side_timeout_s))
             self.stop.attach(self.group)
         self.reporter.attach(self.group, rank_places(self.info, self.group, self.device))
         places = self.reporter.places
@@ -254,70 +181,183 @@ class ScriptWatch:
                             script=self.cfg.script,
                             nnodes=len({p.get("node") for p in places}),
                             hosts=sorted({str(p.get("host")) for p in places}))
-        self._start_sampling()
+        if self.cfg.telemetry and self.sampler is None:
+            on_cuda = self.device.type == "cuda"
+            uuid = (f"GPU-{torch.cuda.get_device_properties(self.device).uuid}" if on_cuda
+                    else None)
+            self.sampler = DeviceSampler(self.device.type, self.info.local_rank, uuid)
+            self.sampler.start()
 
-    def _start_sampling(self) -> None:
-        if not self.cfg.telemetry or self.sampler is not None:
-            return
-        on_cuda = self.device.type == "cuda"
-        uuid = f"GPU-{torch.cuda.get_device_properties(self.device).uuid}" if on_cuda else None
-        self.sampler = DeviceSampler(self.device.type, self.info.local_rank, uuid)
-        self.sampler.start()
-
-    def _adopt(self, module: DDP) -> None:
-        """The script's DDP module: watch its forward, time its gradient sync."""
-        self.ddp = module
+    def adopt(self, module: DDP) -> None:
+        """A DDP module the script built: watch its forward; it is the one timed from now."""
+        self._ddps = [r for r in self._ddps if r() is not None] + [weakref.ref(module)]
         params = list(module.module.parameters())
         if params and params[0].device.type == "cuda":
             self.device = params[0].device
         self.sync_missing = None if self.cfg.telemetry else "telemetry is off"
-        if self.cfg.telemetry:
+        if self.cfg.telemetry and self.timer is None:
             self.timer = StepTimer(self.device, divide=True)  # the script's loss is not divided
-        module.register_forward_pre_hook(self._before_forward, with_kwargs=True)
-        module.register_forward_hook(self._after_forward)
+        g = self.guard
+        module.register_forward_pre_hook(
+            lambda m, a, k: None if _compiling() else g.run("forward", self._before_forward,
+                                                            a, k), with_kwargs=True)
+        module.register_forward_hook(
+            lambda m, a, o: None if _compiling() else g.run("forward", self._after_forward))
 
-    def _before_forward(self, module: DDP, args: tuple[Any, ...], kwargs: dict[str, Any]
-                        ) -> None:
-        if self.timer is not None and not self._script_hook and not self._ours_registered:
-            self._ours_registered = True  # first forward: the script registered no hook
-            DDP.register_comm_hook(module, None, self.timer.hook)
+    def script_hook(self, module: DDP, hook: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The script registers a comm hook of its own: timed (once per module)."""
+        if self.timer is None or id(module) in self._hooked:
+            return None
+        self._hooked.add(id(module))
+        self.sync_missing = None
+        return self.timer.wrap(hook)
+
+    def builtin_hook(self, module: DDP, comm_hook_type: Any) -> None:
+        self._hooked.add(id(module))
+        self.sync_missing = (f"the script registered DDP's built-in comm hook "
+                             f"{getattr(comm_hook_type, 'name', comm_hook_type)}, "
+                             "which cannot be timed from Python")
+
+    def _hook_latest(self) -> None:
+        """Before a backward: our timing hook on the latest DDP module, over DDP's own group
+        (a sub-group's DDP averages over that group), unless the script hooked it itself."""
+        module = self.ddp
+        if module is None or self.timer is None or id(module) in self._hooked:
+            return
+        self._hooked.add(id(module))
+        DDP.register_comm_hook(module, module.process_group, self.timer.hook)
+
+    def script_signal_handler(self, signum: int, handler: Any) -> Any:
+        """The script installs a handler for one of the rank's signals: ours first (the stop
+        request), then the script's; said once in the rank's log."""
+        ours = self.stop.handlers.get(signum)
+        if ours is None:
+            return None
+        log.info("the script installed its own handler for %s: it runs after Rankscope's "
+                 "stop request", signum)
+        return chain(ours, handler, signum)
+
+    def before_backward(self, tensors: Any) -> tuple[Any] | None:
+        if self._in_backward or not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
+            return None  # not a loss (or a nested backward)
+        loss = tensors.detach()
+        if self._scaled is not None and self._scaled[0] == id(tensors):
+            loss = self._scaled[1]  # scaler.scale(loss).backward(): the loss, unscaled
+        self._scaled = None
+        self._saw_loss = True
+        if not (self._in_opt and self._opt_loss_seen):  # a closure's later calls: not again
+            self._loss = loss if self._loss is None else self._loss + loss
+        self._opt_loss_seen = self._in_opt
+        self.guard.run("sync", self._hook_latest)
+        self._phase("backward")
+        self._in_backward = True
+        return (self.timer.stamp() if self.timer is not None else None,)
+
+    def after_backward(self, token: tuple[Any]) -> None:
+        self._in_backward = False
+        timer = self.timer
+        if timer is not None and token[0] is not None:
+            end = timer.stamp()
+            timer.phase("backward", token[0], end)
+            timer.mark_backward_end(end)
+            if self._in_opt:
+                self._opt_stamp = end  # a closure: the optimizer's time goes on from here
+        self._idle_since = time.perf_counter()
+        self._phase("optimizer" if self._in_opt else "data")
+
+    def scaled(self, outputs: Any, out: Any) -> None:
+        if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+            self._scaled = (id(out), outputs.detach())
+
+    def epoch_set(self, epoch: int) -> None:
+        if epoch != self.epoch or self.step == 0:
+            self.epoch = epoch
+            self.reporter.event("epoch_start", epoch=epoch)
+
+    def _before_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not torch.is_grad_enabled():
             return  # an evaluation pass (no_grad): not a training step's batch
         now = time.perf_counter()
         if self.step == 0 and self._idle_since is None:
             self._interval.start = now  # the first report's rates start with training
-        if self._idle_since is not None and self.timer is not None:
+        if self._idle_since is not None and self.timer is not None and not self._in_opt:
             self.timer.add_data_wait(now - self._idle_since)
         self._idle_since = None
         self._samples += _first_batch_size(args, kwargs) or 0
         self._phase("forward")
-        self._forward_stamp = self.timer.stamp() if self.timer is not None else None
+        stamp = self.timer.stamp() if self.timer is not None else None
+        if self._in_opt and self.timer is not None and self._opt_stamp is not None:
+            self.timer.phase("optimizer", self._opt_stamp, stamp)  # a closure's forward
+            self._opt_stamp = None
+        self._forward_stamp = stamp
 
-    def _after_forward(self, module: DDP, args: Any, output: Any) -> None:
+    def _after_forward(self) -> None:
         if self.timer is not None and self._forward_stamp is not None and \
                 torch.is_grad_enabled():
             self.timer.phase("forward", self._forward_stamp, self.timer.stamp())
         self._forward_stamp = None
 
-    def _before_opt_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.optimizers or optimizer is self.optimizers[0]:
+    def before_opt_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._counts(optimizer, peek=True):
+            self._in_opt, self._opt_loss_seen = True, False
             self._phase("optimizer")
             self._opt_stamp = self.timer.stamp() if self.timer is not None else None
 
-    def _after_opt_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if optimizer not in self.optimizers:
-            self.optimizers.append(optimizer)
-        if optimizer is not self.optimizers[0]:
-            return  # the first optimizer counts the steps (a GAN's second one does not)
+    def after_opt_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not any(r() is optimizer for r in self._optimizers):
+            self._optimizers.append(weakref.ref(optimizer))
+        if self._scaler_stepping is not None and self._scaler_stepping[0] == id(optimizer):
+            self._scaler_stepping = (id(optimizer), True)
+        if not self._counts(optimizer, peek=False):
+            return
+        self._in_opt = False
         if self.timer is not None and self._opt_stamp is not None:
             self.timer.phase("optimizer", self._opt_stamp, self.timer.stamp())
+        self._opt_stamp = None
+        self.skipped_in_row = 0
+        self._end_step()
+
+    def _counts(self, optimizer: torch.optim.Optimizer, peek: bool) -> bool:
+        """Whether ``optimizer``'s steps are the run's steps: the first that steps counts; one
+        that steps twice while it does not takes over (a new stage's optimizer)."""
+        counter = self._counter() if self._counter is not None else None
+        if counter is None or counter is optimizer:
+            if not peek:
+                self._counter, self._other_steps = weakref.ref(optimizer), 0
+            return True
+        if peek:
+            return False
+        self._other_steps += 1
+        if self._other_steps < 2:
+            return False
+        self._counter, self._other_steps = weakref.ref(optimizer), 0
+        return True
+
+    def scaler_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
+        self._scaler_stepping = (id(optimizer), False)
+
+    def scaler_step_ended(self, optimizer: torch.optim.Optimizer) -> None:
+        """``scaler.step(optimizer)`` returned: if the optimizer did not step (inf gradients),
+        the iteration still ends, as a skipped step whose loss is not kept."""
+        stepping, self._scaler_stepping = self._scaler_stepping, None
+        if stepping is None or stepping[1] or not self._counts(optimizer, peek=True):
+            return
+        self._in_opt = False
+        self.skipped += 1
+        self.skipped_in_row += 1
+        if self.skipped_in_row < SCALER_SKIPS_DIVERGED:
+            self._loss = None  # a skipped step's loss (often inf) is not the next one's
+        elif self.skipped_in_row == SCALER_SKIPS_DIVERGED:
+            self._loss = torch.tensor(math.inf)  # the run's non-finite-loss policy decides
+            log.warning("the GradScaler skipped %d steps in a row: the loss is taken as "
+                        "non-finite", SCALER_SKIPS_DIVERGED)
         self._end_step()
 
     # ------------------------------------------------------------------------- steps
     def _end_step(self) -> None:
-        """A step ended (the first optimizer's, or a should_stop() call in a loop without
-        one): count it, and take part in the agreed-stop round when one is due."""
-        if self.outcome is not None:
+        """A step ended (the counting optimizer's, a skipped one, or a should_stop() call in a
+        loop without one): count it, and take part in the agreed-stop round when one is due."""
+        if self.outcome is not None or "steps" in self.guard.off:
             return
         if self.timer is not None:
             self.timer.end_step()
@@ -345,8 +385,12 @@ class ScriptWatch:
         return self.group is not None or self.info.world_size == 1
 
     def _row(self) -> list[float]:
-        """This rank's report since the last one, as the round's row (reporting steps
-        only)."""
+        """This rank's report since the last one, as the round's row (reporting steps only);
+        all NaN if making it failed (the rows must keep their shape on every rank)."""
+        row = self.guard.run("steps", self._make_row)
+        return row if row is not None else [math.nan] * len(REPORT_FIELDS)
+
+    def _make_row(self) -> list[float]:
         self._phase("report")  # the loss read waits for the device (on CUDA: its all-reduce)
         values: dict[str, float | None] = dict(self._interval.take())  # the loss's .item():
         # a host-device sync point, on reporting steps only
@@ -356,10 +400,11 @@ class ScriptWatch:
             values["samples_per_s"] = None  # no forward seen: the batch size is unknown
         if self.timer is not None:
             values.update(self.timer.collect())
-            if self.sync_missing:  # no timed hook: zeros would claim a sync that took no time
+            if self.sync_missing or "sync" in self.guard.off:  # zeros would claim a sync
                 values.update(dict.fromkeys(SYNC_FIELDS))
         if self.sampler is not None:
             values.update(self.sampler.latest())
+        values["skipped_steps"], self.skipped = float(self.skipped), 0
         values["process_cpu_s"] = time.process_time()
         values["logged_keys"] = self.logged.take(self.step)
         values["local_rank"] = self.info.local_rank
@@ -372,33 +417,32 @@ class ScriptWatch:
         """Every rank agreed to end after this step: the last report, the checkpoint, and
         (unless the script watches should_stop()) out of the script."""
         self.outcome = outcome
-        self._last_report()
+        self._finished = True
+        if self._agreeing():  # every rank is here, after the same step: collectives are safe
+            rounds = [r for r in [self.stop.settle()] if r is not None]
+            if self._interval.steps and not self.reporter.poisoned:
+                rounds.append(self.stop.gather(self.step, self._row()))
+            self.reporter.publish(rounds, self.step, self.epoch)
+            self._say_unavailable()
         if outcome == "stopped":
             self.reporter.event("stopping", step=self.step, reason=self.stop.reason)
             self._phase("checkpoint")
             save_at_stop(self)
-        self._finished = True
         if not self.uses_should_stop:
             raise ScriptStopped(self.step, outcome)
 
     def finish(self) -> None:
-        """The last report of a script that ends by itself (at its destroy_process_group, or
-        when it returns): every rank calls it at the same point. Idempotent."""
+        """The script ends by itself (its destroy_process_group, or its return): this rank's
+        last report goes into the run's store, where rank 0 reads every rank's once its own
+        script is over (:func:`~ddp_engine.rank.script_stop.post_final`). No collective: the
+        other ranks may still be busy with the script's own work (a rank-0 evaluation).
+        Idempotent."""
         if self._finished:
             return
         self._finished = True
         if self._agreeing() and (self.step or self.group is not None):
-            self._last_report()
-
-    def _last_report(self) -> None:
-        """The round left in flight, and the report of the steps since the last one."""
-        if not self._agreeing():
-            return
-        rounds = [r for r in [self.stop.settle()] if r is not None]  # in flight: its report too
-        if self._interval.steps and not self.reporter.poisoned:
-            rounds.append(self.stop.gather(self.step, self._row()))
-        self.reporter.publish(rounds, self.step, self.epoch)
-        self._say_unavailable()
+            row = self._row() if self._interval.steps and not self.reporter.poisoned else None
+            post_final(self, row)
 
     def _say_unavailable(self) -> None:
         """Rank 0 tells viewers what this run cannot show, and why (when that changed)."""
@@ -406,6 +450,15 @@ class ScriptWatch:
         if items != self._said:
             self._said = items
             self.reporter.event("unavailable", step=self.step, items=items)
+
+    def _part_failed(self, part: str, e: BaseException) -> None:
+        """A part of the watch failed and is off: said to the viewers, once."""
+        self.reporter.event("warning", step=self.step, cause="watch_failed", part=part,
+                            message=f"rank {self.info.rank}: Rankscope stopped watching "
+                                    f"{PARTS.get(part, part)} ({type(e).__name__}: {e}); the "
+                                    "script goes on; the traceback is in this rank's log")
+        if part != "steps":  # the reports go on (the steps part itself cannot say it now)
+            self._said = {}
 
     def _kept(self) -> str:
         return "rankscope.on_stop's checkpoint is kept" if self.on_stop_fns else "none is saved"
@@ -421,7 +474,7 @@ class ScriptWatch:
 
     def should_stop(self) -> bool:
         self.uses_should_stop = True
-        if not self.optimizers and self.outcome is None:
+        if self._counter is None and self.outcome is None:
             self._end_step()  # a loop without optimizer steps: each call ends a step
         return self.outcome is not None
 
@@ -435,9 +488,12 @@ class ScriptWatch:
         out: dict[str, str] = {}
         if self.sync_missing and self.info.world_size > 1:
             out["sync"] = self.sync_missing
-        if self.ddp is None:
+        if self.ddp is None and not self._ddps:
             out["samples"] = "the script built no DistributedDataParallel (samples/s and " \
                              "forward time come from its forward)"
         if not self._saw_loss:
             out["loss"] = "no one-element tensor was passed to backward()"
+        for part, why in self.guard.off.items():
+            out[f"watch_{part}"] = (f"Rankscope's watch of {PARTS.get(part, part)} failed and "
+                                    f"turned itself off: {why}")
         return out

@@ -16,7 +16,7 @@ TORCH_CUDA ?= torch
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run demo desktop test lint screenshot reliability gpu-check bench clean
+.PHONY: install run demo desktop test lint screenshot reliability gpu-check bench soak clean
 
 install: $(STAMP)
 
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	case "$$spec" in cpu) spec='$(TORCH_CPU)';; cuda) spec='$(TORCH_CUDA)';; esac; \
 	echo "installing PyTorch: $$spec"; \
 	$(PY) -m pip install --quiet $$spec
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,frameworks]"
 	@touch $(STAMP)
 
 # Opens the Rankscope window; without a display it trains the headless demo instead.
@@ -73,6 +73,13 @@ BENCHES = telemetry_overhead step_costs launch_latency stop_latency window_start
 bench: install
 	@for b in $(BENCHES); do echo "== bench/$$b.py"; \
 	  QT_QPA_PLATFORM=offscreen $(PY) bench/$$b.py || exit 1; done
+
+# Stopped at any moment, many times: 200 start/stop cycles of real runs mixing `ddp_engine stop`,
+# SIGTERM, Ctrl+C and the app's Stop (bench/soak.py; about 45 minutes on 2 cores; not a speed
+# benchmark). Its figures are in docs/RELIABILITY.md. SOAK_ARGS="--cycles 20 --seed 1" for less.
+SOAK_ARGS ?=
+soak: install
+	QT_QPA_PLATFORM=offscreen $(PY) bench/soak.py $(SOAK_ARGS)
 
 # docs/screenshot.png from a real window under Xvfb. Debian packages it needs:
 SCREENSHOT_DEBS = xvfb xdotool x11-utils imagemagick libxcb-cursor0 libxkbcommon-x11-0 \

@@ -3,6 +3,7 @@ steps, and that it leaves torch as it found it. Runs of several ranks: test_scri
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,3 +184,94 @@ def test_log_keeps_the_last_value_and_reads_tensors_at_the_report() -> None:
     assert logged.gather(10, [2.0], None) == [{"lr": 0.5, "a": 3.0, "b": 2.0}]
     with pytest.raises(ValueError, match=f"at most {MAX_KEYS} keys per report"):
         logged.log({f"k{i}": 0.0 for i in range(MAX_KEYS + 1)})
+
+
+def _events(w: ScriptWatch, kind: str) -> list[dict]:
+    assert w.reporter.telemetry is not None and w.reporter.telemetry.flush()
+    return [m for m in iter_metrics(w.run_dir) if m.get("kind") == kind]
+
+
+def test_ddp_built_with_module_by_keyword_is_watched(watch: ScriptWatch) -> None:
+    """Lightning and Fabric call DistributedDataParallel(module=model, ...)."""
+    dist.init_process_group("gloo")
+    model = DDP(module=torch.nn.Linear(4, 2), find_unused_parameters=False)
+    assert watch.ddp is model
+
+
+def test_a_failing_part_of_the_watch_turns_itself_off_and_training_goes_on(
+        watch: ScriptWatch, monkeypatch: pytest.MonkeyPatch) -> None:
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def broken(*_a: object) -> None:
+        raise KeyError("a batch of a shape nobody expected")
+
+    monkeypatch.setattr(watch, "_before_forward", broken)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(5):
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert watch.step == 5 and list(watch.guard.off) == ["forward"]
+    (warning,) = _events(watch, "warning")
+    assert warning["part"] == "forward" and "KeyError" in warning["message"]
+    assert "samples/s" in warning["message"] and "the script goes on" in warning["message"]
+    assert "watch_forward" in watch.unavailable()
+    (m,) = _metrics(watch)
+    assert m["ranks"][0]["loss"] is not None  # the other parts still report
+
+
+def test_a_step_the_grad_scaler_skips_is_counted_skipped_and_its_loss_dropped(
+        watch: ScriptWatch) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    losses = []
+    for i in range(5):
+        loss = model(torch.ones(8, 4)).pow(2).mean()
+        if i == 1:
+            loss = loss * math.inf  # this step's gradients are inf: the scaler skips it
+        else:
+            losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert watch.step == 5  # the skipped iteration counts as a step
+    (m,) = _metrics(watch)
+    entry = m["ranks"][0]
+    assert entry["skipped_steps"] == 1
+    assert entry["loss"] == pytest.approx(sum(losses) / 4, rel=1e-5)  # inf not carried over
+    assert not _events(watch, "warning")  # a skip is what a scaler is for: no divergence
+
+
+def test_a_closure_step_counts_its_loss_once(watch: ScriptWatch) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    firsts = []
+    for _ in range(5):
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+        firsts.append(float(opt.step(closure).detach()))  # LBFGS: its first evaluation
+    assert watch.step == 5
+    (m,) = _metrics(watch)
+    assert m["ranks"][0]["loss"] == pytest.approx(sum(firsts) / 5, rel=1e-5)
+
+
+def test_a_new_stages_optimizer_takes_over_the_step_count(watch: ScriptWatch) -> None:
+    model = torch.nn.Linear(4, 1)
+    first = torch.optim.SGD(model.parameters(), lr=0.01)
+    second = torch.optim.Adam(model.parameters(), lr=0.01)
+    for opt, n in ((first, 3), (second, 4)):
+        for _ in range(n):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+    assert watch.step == 6  # the second stage's first step, before it took over, is not
+    assert watch.optimizers[0] is second
+    del first
+    assert len(watch.optimizers) == 1  # a stage the script let go of is not kept alive

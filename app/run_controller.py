@@ -4,7 +4,8 @@ The controller owns the launcher child, the telemetry viewer and the stop escala
 
 1. Stop sends ``{"type": "stop"}`` over the telemetry socket (the agreed stop).
 2. If the run has not ended ``grace_s`` later (or there was no socket), SIGTERM to the
-   launcher's process group (torchrun forwards it to the ranks).
+   launcher's process group (the launcher asks its ranks for the agreed stop too, and after
+   its own grace has torchrun stop them).
 3. ``kill_after_s`` after that, SIGKILL to the group and to every process of the run seen.
 
 When the launcher has exited, the controller reads the final status.json and checks with psutil
@@ -32,6 +33,7 @@ from app.run_model import stop_by
 from app.telemetry_client import TelemetryClient
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.processes import Escalation, Step
+from ddp_engine.common.reasons import one_line
 from ddp_engine.common.run_dir import (
     FINAL_STATES,
     atomic_write_text,
@@ -237,7 +239,7 @@ class RunController(QObject):
         if end is not None:
             status["state"] = str(end["kind"])
             status["step"] = end.get("step", self._remote_step)
-            status["reason"] = end.get("error") or end.get("reason") or (
+            status["reason"] = one_line(end.get("error")) or end.get("reason") or (
                 self._remote_stop_reason if end["kind"] == "stopped" else None)
             if end["kind"] == "failed":
                 status["log_rank"] = end.get("rank")
@@ -281,7 +283,7 @@ class RunController(QObject):
             self._signal_when_ready = True
             self.notice.emit("stop: the launcher is starting; it will be stopped once it can "
                              "stop cleanly")
-        else:  # not connected (yet): the launcher forwards SIGTERM to the ranks
+        else:  # not connected (yet): the launcher turns SIGTERM into the agreed stop
             self.launcher.signal_group(signal.SIGTERM)
             self.notice.emit("stop: SIGTERM sent to the launcher")
 

@@ -42,9 +42,7 @@ ICONS = {"completed": Icon.Information, "failed": Icon.Critical, "stopped": Icon
 
 def short_reason(reason: Any) -> str:
     """A run's reason on one line, cut to REASON_CHARS (an alert is a glance, not a log)."""
-    lines = [line.strip() for line in reason_text(str(reason or "")).splitlines()]
-    text = next((line for line in lines if line), "")
-    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
+    return reason_text(str(reason or ""), REASON_CHARS)
 
 
 def duration_s(result: Mapping[str, Any], started: float | None) -> float | None:

@@ -17,6 +17,7 @@ from typing import Any
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
 from ddp_engine.common.protocol import Connection, ProtocolError, check_address
+from ddp_engine.common.reasons import one_line
 from ddp_engine.common.run_dir import CONFIG_FILE, read_json, read_status
 from ddp_engine.common.runs import RunSummary
 
@@ -94,9 +95,16 @@ def stop_by() -> str:
     return f"the Rankscope window (pid {os.getpid()} on {socket.gethostname()})"
 
 
-def reason_text(reason: str) -> str:
-    """A run's reason as this window words it: its own stop is "stopped from this window"."""
-    return reason.replace(f"stop command from {stop_by()}", "stopped from this window")
+SHOWN_REASON_CHARS = 1000
+"""A reason the window shows is cut to this: the launcher writes one line, whose exception part
+is cut already, but a run recorded by an older Rankscope may hold kilobytes."""
+
+
+def reason_text(reason: str, limit: int = SHOWN_REASON_CHARS) -> str:
+    """A run's reason as this window words it, on one line (:func:`one_line`, cut to
+    ``limit``): its own stop is "stopped from this window"."""
+    return one_line(reason.replace(f"stop command from {stop_by()}", "stopped from this window"),
+                    limit)
 
 
 def remote_refusal(host: str, port: int, token: str, timeout_s: float) -> tuple[str, str] | None:
@@ -135,7 +143,7 @@ def finished_text(result: Mapping[str, Any]) -> str:
 def failure_text(result: Mapping[str, Any]) -> str:
     """The message of the "Run failed" box: the reason, how each rank ended, its log's end;
     for a value the ranks refused (a ConfigError), its one line and nothing more."""
-    reason = str(result.get("reason") or "the run failed")
+    reason = reason_text(str(result.get("reason") or "the run failed"))
     if "ConfigError: " in reason:
         return (reason.replace("ConfigError: ", "") + "\n\nThe ranks refused this value before "
                 "training: nothing was trained. Fix it in the form and start again.")
@@ -149,14 +157,15 @@ def failure_text(result: Mapping[str, Any]) -> str:
     logs = (f"The ranks' logs are on rank 0's machine ({remote}), in RUN_DIR/logs/." if remote
             else f"Last lines of rank {result.get('log_rank')}'s log:\n"
                  + "\n".join(result.get("log_tail") or []))
-    return f"{result.get('reason', 'the run failed')}\n\n{detail}\n\n{logs}"
+    return f"{reason}\n\n{detail}\n\n{logs}"
 
 
 def record_text(path: Path, summary: RunSummary, step: int | None) -> str:
     """The status-bar line for a run drawn from its record (not live)."""
     return (f"{path.name}: {summary.state} at step {step} (from its record)"
             + (f"; it ran on {summary.hostname}" if summary.hostname else "")
-            + (f": {summary.reason}" if summary.reason and summary.state != "completed"
+            + (f": {reason_text(summary.reason)}" if summary.reason
+               and summary.state != "completed"
                else ""))
 
 

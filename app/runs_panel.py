@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.run_model import plural
+from app.run_model import plural, reason_text
 from ddp_engine.common.runs import RunIndex, RunSummary, find, fmt_duration
 
 COLUMNS = ("Name", "State", "Model", "Dataset", "Devices", "Steps", "Best loss", "Val loss",
@@ -256,7 +256,7 @@ class RunsPanel(QWidget):
             if item.text(col) != text:
                 item.setText(col, text)
         item.setToolTip(0, str(s.path))
-        item.setToolTip(1, s.reason or "")
+        item.setToolTip(1, reason_text(s.reason or ""))
         item.setForeground(1, QBrush(QColor(STATE_COLORS.get(s.state, "#000000"))))
         font = QFont(item.font(0))
         font.setBold(s.live)

@@ -1,16 +1,23 @@
 """Read stack dumps (faulthandler's, py-spy's) and say where each rank stands (stdlib only).
 
-A rank's main thread is summed up by the innermost frame of user or engine code, and by what
-the library frames inside it are doing: a torch.distributed collective ("waiting for the other
+A rank's main thread is summed up by its innermost frame of the user's own code (a script, a
+plugin: any file that is neither Rankscope's, by path, nor the standard library's nor an
+installed package's), else, in a built-in run, of Rankscope's own code (``trainer.py``), and by
+what the frames inside it are doing: a torch.distributed collective ("waiting for the other
 ranks"), DDP's backward (its gradient all-reduce), or data loading. Ranks that stand in the
 same place are grouped: "ranks 0, 2, 3: all_reduce in trainer.py:210 (waiting for the other
-ranks); rank 1: data loading in my_dataset.py:57, __getitem__".
+ranks); rank 1: data loading in my_dataset.py:57, __getitem__". In a script run the stack
+text folds Rankscope's own frames ("... 3 Rankscope frames ...").
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 COLLECTIVES = frozenset({
     "all_reduce", "all_reduce_coalesced", "barrier", "monitored_barrier", "broadcast",
@@ -30,7 +37,46 @@ _PY_SPY_THREAD = re.compile(
 _PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 _STDLIB = re.compile(r"(^<frozen |/lib/python3\.\d+/(?!.*(site|dist)-packages/))")
 _LIBRARY = re.compile(r"/(site|dist)-packages/")
-_OURS = re.compile(r"(^|/)(ddp_engine|rankscope)/")
+
+USER, RANKSCOPE, LIBRARY, NATIVE = "user", "rankscope", "library", "native"
+"""A frame's origin (:attr:`Frame.origin`)."""
+
+
+def _package_dirs() -> tuple[Path, ...]:
+    """The folders of Rankscope's own packages in this install: ddp_engine and rankscope."""
+    engine = Path(__file__).resolve().parents[1]
+    dirs = [engine]
+    try:
+        spec = importlib.util.find_spec("rankscope")  # finds it without importing it
+    except (ImportError, ValueError):
+        spec = None
+    found = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    dirs += [p.resolve() for p in found] or [engine.parent / "rankscope"]
+    return tuple(dirs)
+
+
+PACKAGE_DIRS = _package_dirs()
+
+
+@functools.lru_cache(maxsize=4096)
+def is_rankscope_file(file: str) -> bool:
+    """Whether ``file`` is one of Rankscope's own modules: under this install's ddp_engine or
+    rankscope folder, or (a dump written by another copy of Rankscope) a path ending in
+    ``ddp_engine/<part>`` or ``rankscope/<part>`` where this install has that module. A
+    user's folder that is merely named so (``tests/ddp_engine/my_script.py``) is not."""
+    if not file or file.startswith("<"):
+        return False
+    path = Path(file)
+    if path.is_absolute():
+        real = Path(os.path.realpath(file))
+        if any(real.is_relative_to(d) for d in PACKAGE_DIRS):
+            return True
+    parts = path.parts
+    for d in PACKAGE_DIRS:
+        for i, part in enumerate(parts[:-1]):
+            if part == d.name and d.joinpath(*parts[i + 1:]).is_file():
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -50,15 +96,22 @@ class Frame:
         name = self.file.rsplit("/", 1)[-1]
         return f"{name}:{self.line}" if self.line is not None else name
 
-    def is_user_code(self) -> bool:
-        """The user's or the engine's own code: neither the standard library nor an installed
-        package (the engine counts as ours wherever it is installed)."""
+    @property
+    def origin(self) -> str:
+        """Whose code: USER (a script, a plugin), RANKSCOPE (ddp_engine, rankscope, wherever
+        installed), LIBRARY (the standard library, installed packages) or NATIVE (C/C++)."""
         if not self.python:
-            return False
-        if _OURS.search(self.file):
-            return True
-        return not (_STDLIB.search(self.file) or _LIBRARY.search(self.file)
-                    or self.file.startswith("torch/"))  # py-spy's short names
+            return NATIVE
+        if is_rankscope_file(self.file):
+            return RANKSCOPE
+        if (_STDLIB.search(self.file) or _LIBRARY.search(self.file)
+                or self.file.startswith("torch/")):  # py-spy's short names
+            return LIBRARY
+        return USER
+
+    def is_user_code(self) -> bool:
+        """The user's own code: neither Rankscope's nor a library's."""
+        return self.origin == USER
 
     def in_torch(self, part: str) -> bool:
         """In torch's ``part`` package (e.g. "distributed", "autograd", "utils/data")."""
@@ -140,25 +193,47 @@ def main_thread(threads: list[ThreadStack], ident: int | None = None) -> ThreadS
     return threads[0] if threads else None
 
 
+def _innermost(frames: list[Frame]) -> Frame | None:
+    """The innermost frame of the user's code, else of Rankscope's (a built-in run's)."""
+    return (next((f for f in frames if f.origin == USER), None)
+            or next((f for f in frames if f.origin == RANKSCOPE), None))
+
+
+def _by_rankscope(frames: list[Frame], outer: Frame | None) -> str:
+    """", in Rankscope's FUNC (FILE)" when Rankscope's code stands between the user's frame
+    ``outer`` and the top of ``frames`` (the user's line called into it); else ""."""
+    if outer is None or outer.origin != USER:
+        return ""
+    ours = next((f for f in frames[:frames.index(outer)] if f.origin == RANKSCOPE), None)
+    return f", in Rankscope's {ours.func} ({ours.short})" if ours is not None else ""
+
+
 def place_of(frames: list[Frame]) -> Place:
-    """Where a thread stands (frames most recent first)."""
-    user = next((f for f in frames if f.is_user_code()), None)
+    """Where a thread stands (frames most recent first), named by its innermost frame of the
+    user's code (Rankscope's own frames are skipped, unless no user frame is on the stack)."""
+    anchor = _innermost(frames)
     for i, f in enumerate(frames):
         if f.in_torch("distributed") and f.func in COLLECTIVES:
-            outer = next((g for g in frames[i:] if g.is_user_code()), None)
-            return Place(f.func, outer, WAITING, waits=True)
+            outer = _innermost(frames[i:])
+            between = frames[i:frames.index(outer, i)] if outer is not None else frames[i:]
+            if any(g.in_torch("autograd") for g in between) and any(
+                    g.origin == RANKSCOPE or "ddp_comm_hooks" in g.file for g in between):
+                # DDP's comm hook (Rankscope's timing hook, or torch's) inside backward
+                return Place("backward", outer, f"{WAITING} in DDP's gradient all-reduce",
+                             waits=True)
+            return Place(f.func, outer, WAITING + _by_rankscope(frames[i:], outer), waits=True)
     native = " ".join(f.func for f in frames if not f.python)  # py-spy --native's
     if "c10d::Reducer::" in native:  # DDP's backward, waiting for its gradient all-reduce
-        return Place("backward", user, f"{WAITING} in DDP's gradient all-reduce", waits=True)
+        return Place("backward", anchor, f"{WAITING} in DDP's gradient all-reduce", waits=True)
     if re.search(r"gloo::|nccl|c10d::", native):
-        return Place("collective", user, WAITING, waits=True)
+        return Place("collective", anchor, WAITING + _by_rankscope(frames, anchor), waits=True)
     if frames and frames[0].in_torch("autograd"):
-        return Place("backward", user, "computing, or waiting for the other ranks in DDP's "
+        return Place("backward", anchor, "computing, or waiting for the other ranks in DDP's "
                      "gradient all-reduce", waits=True)
     if any(f.in_torch("utils/data") for f in frames):
-        return Place("data loading", user)
-    if user is not None:
-        return Place(user.func, user)
+        return Place("data loading", anchor)
+    if anchor is not None:
+        return Place(anchor.func, anchor, _by_rankscope(frames, anchor).removeprefix(", "))
     if frames:
         return Place(frames[0].func, frames[0], "library code")
     return Place("no Python frame", None, "in C code, or between Python calls")
@@ -198,9 +273,21 @@ def verdict(groups: list[tuple[list[int], Place]]) -> str | None:
             "collective while the others wait: look there first")
 
 
-def frames_text(frames: list[Frame], indent: str = "  ") -> str:
-    """A thread's frames as faulthandler writes them (most recent call first)."""
+def frames_text(frames: list[Frame], indent: str = "  ", fold: bool = False) -> str:
+    """A thread's frames as faulthandler writes them (most recent call first). ``fold`` (a
+    script run): each run of Rankscope's own frames is one line, "... 3 Rankscope frames ..."."""
     if not frames:
         return f"{indent}<no Python frame>"
-    return "\n".join(f'{indent}File "{f.file}", line {f.line} in {f.func}' if f.python
-                     else f"{indent}{f.func} ({f.file})" for f in frames)
+    lines: list[str] = []
+    folded = 0
+    for f in [*frames, None]:
+        if fold and f is not None and f.origin == RANKSCOPE:
+            folded += 1
+            continue
+        if folded:
+            lines.append(f"{indent}... {folded} Rankscope frame{'s' if folded > 1 else ''} ...")
+            folded = 0
+        if f is not None:
+            lines.append(f'{indent}File "{f.file}", line {f.line} in {f.func}' if f.python
+                         else f"{indent}{f.func} ({f.file})")
+    return "\n".join(lines)

@@ -7,7 +7,9 @@ asked for its stacks: by ``py-spy dump --native`` when py-spy is on PATH and may
 process (native frames too), else by its faulthandler (:mod:`ddp_engine.common.stack_dumps`;
 Python frames only, no privileges needed). Neither stops nor slows the rank for more than the
 dump itself. The grouped text is saved as ``ranks/stacks-<YYYYmmdd-HHMMSS>.txt``, with every
-thread of every rank, so a run that then fails keeps it.
+thread of every rank, so a run that then fails keeps it. In a script run the grouped text
+names the user's own frames first and folds Rankscope's (:mod:`ddp_engine.common.stack_text`);
+the saved dumps keep every frame.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ddp_engine.common.run_dir import (
     FINAL_STATES,
     STATUS_FILE,
     atomic_write_text,
+    read_json,
     read_rank_files,
 )
 from ddp_engine.common.stack_dumps import STACK_SIGNAL, catches_signal, stack_file
@@ -83,6 +86,8 @@ class StackReport:
     """The grouped text: the summary, then each group's main-thread stack."""
     path: Path | None = None
     """The saved file (the grouped text and every thread of every rank)."""
+    script: bool = False
+    """A user's own script runs (config.json's ``script``): Rankscope's frames are folded."""
 
     @property
     def mechanism(self) -> str:
@@ -184,7 +189,9 @@ def take_stacks(run_dir: str | os.PathLike[str], timeout_s: float = 10.0,
         thread = main_thread(r.threads, r.main_ident)
         r.place = place_of(thread.frames if thread else [])
     groups = group({r: s.place for r, s in answered.items() if s.place is not None})
-    report = StackReport(folder, taken, answered, notes, groups)
+    config = read_json(folder / CONFIG_FILE)
+    report = StackReport(folder, taken, answered, notes, groups,
+                         script=isinstance(config, dict) and bool(config.get("script")))
     report.text = render(report)
     if save and answered:
         report.path = _save(report)
@@ -274,7 +281,7 @@ def render(report: StackReport) -> str:
         thread = main_thread(first.threads, first.main_ident)
         lines += ["", f"== {ranks_text(ranks)}: {place.text()}",
                   f"main thread of rank {first.rank} (pid {first.pid}), most recent call first:",
-                  frames_text(thread.frames if thread else [])]
+                  frames_text(thread.frames if thread else [], fold=report.script)]
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,7 @@ from ddp_engine.common.heartbeat import failure_hint, read_heartbeats
 from ddp_engine.common.lifeline import ASKED_BY_SIGNAL
 from ddp_engine.common.processes import terminate_then_kill
 from ddp_engine.common.protocol import MONITOR_FILE
+from ddp_engine.common.reasons import error_reason, one_line
 from ddp_engine.common.run_dir import (
     CONFIG_FILE,
     atomic_write_json,
@@ -75,7 +76,9 @@ def _failure_reason(failures: dict[int, Any], root: int, logs: dict[int, Path] |
     """A one-line reason naming each failed rank (the root cause first), and per-rank exit
     details. Ranks as the run numbers them (see :func:`_our_rank`). Ranks that died of a
     collective timeout (SIGABRT, or NCCL's watchdog in their log of ``logs``) are said so, once
-    for all of them (:mod:`ddp_engine.launch.timeouts`)."""
+    for all of them (:mod:`ddp_engine.launch.timeouts`). A rank's exception is its first line,
+    cut, naming its log of ``logs`` when the whole text is longer
+    (:func:`ddp_engine.common.reasons.error_reason`)."""
     parts: list[str] = []
     details: dict[str, Any] = {}
     texts = set()
@@ -102,8 +105,8 @@ def _failure_reason(failures: dict[int, Any], root: int, logs: dict[int, Path] |
             raw = f.message
             if isinstance(raw, dict):  # torch's error file: {"message": ..., "extraInfo": ...}
                 raw = raw.get("message")
-            message = str(raw or "").strip().splitlines()
-            text = message[0] if message else f"exit code {exitcode}"
+            text = (error_reason(raw, (logs or {}).get(rank)) if one_line(raw)
+                    else f"exit code {exitcode}")
             entry["error"] = text
             texts.add(text)
             parts.append(f"rank {rank} failed: {text}")
@@ -124,10 +127,12 @@ def _our_rank(torchrun_rank: int, cfg: RunConfig) -> int:
 
 
 def _rank_error(run_dir: Path) -> str | None:
-    """The first exception a rank recorded in its rank file, if any."""
+    """The first exception a rank recorded in its rank file, if any, on one line (naming the
+    rank's log when its whole text is longer)."""
     for rank, data in sorted(read_rank_files(run_dir).items()):
-        if data.get("state") == "failed" and data.get("error"):
-            return f"rank {rank} raised {data['error']}"
+        if data.get("state") == "failed" and one_line(data.get("error")):
+            return f"rank {rank} raised " + error_reason(data["error"],
+                                                         rank_log_files(run_dir).get(rank))
     return None
 
 
@@ -202,7 +207,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         final = {"state": "stopped", "stop_signal": e.sigval.name}
         code = EXIT_OK
     except Exception as e:  # rendezvous or agent failure
-        final = {"state": "failed", "reason": f"launcher: {type(e).__name__}: {e}"}
+        final = {"state": "failed", "reason": "launcher: " + one_line(f"{type(e).__name__}: {e}")}
     finally:
         signals.phase = "done"
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # torchrun's handler for it would raise
@@ -268,7 +273,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         if error.startswith("RunFailed: "):
             # Every rank stopped cleanly and says why the run failed (a node's launcher
             # died): that, not how torchrun saw its ranks exit.
-            final["reason"] = error.removeprefix("RunFailed: ")
+            final["reason"] = one_line(error.removeprefix("RunFailed: "))
     timed_out = any(d.get("collective_timeout") for d in (final.get("ranks") or {}).values())
     hint = monitor.hang_hint or (failure_hint(read_heartbeats(run_dir)) if timed_out else None)
     if final.get("state") == "failed" and hint:  # which rank the others waited for, and where

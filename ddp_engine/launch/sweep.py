@@ -26,6 +26,7 @@ from ddp_engine.common.child_env import build_env
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.lifeline import arm_parent_death
 from ddp_engine.common.processes import Escalation, Step, kill, tree, wait_gone
+from ddp_engine.common.reasons import one_line
 from ddp_engine.common.run_dir import (
     FINAL_STATES,
     atomic_write_json,
@@ -132,7 +133,7 @@ class Sweep:
             if self.child is not None:
                 kill_tree(self.child)
             if self.state == "running":
-                self._finish("failed", f"sweep: {type(e).__name__}: {e}")
+                self._finish("failed", "sweep: " + one_line(f"{type(e).__name__}: {e}"))
             raise
         return self.exit_code()
 

@@ -200,7 +200,7 @@ def test_the_end_in_words() -> None:
                               "1\n  Traceback ..."}) == (
         "mlp-1 failed at step 4: rank 1 exited with code 1")
     assert end_text("mlp-1", {"state": "stopped", "step": 9, "reason": "x" * 300}) == (
-        "mlp-1 stopped at step 9: " + "x" * 197 + "...")
+        "mlp-1 stopped at step 9: " + "x" * 199 + "…")
     assert end_text("r", {"state": "disconnected", "step": 2, "reason": "lost the connection "
                           "to rank 0 at h:1 before the run ended"}) == (
         "r: lost the connection to rank 0 at h:1 before the run ended")

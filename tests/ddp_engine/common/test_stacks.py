@@ -13,8 +13,13 @@ import pytest
 from ddp_engine.common.run_dir import read_rank_files, read_status
 from ddp_engine.common.stack_dumps import STACK_SIGNAL, catches_signal
 from ddp_engine.common.stack_text import (
+    PACKAGE_DIRS,
+    RANKSCOPE,
+    USER,
     Frame,
+    frames_text,
     group,
+    is_rankscope_file,
     main_thread,
     parse_faulthandler,
     parse_py_spy,
@@ -23,7 +28,7 @@ from ddp_engine.common.stack_text import (
     verdict,
 )
 from ddp_engine.common.stacks import NotARunFolder, StackReport, take_stacks
-from tests.conftest import FAULTY, start_engine, wait_for
+from tests.conftest import FAULTY, REPO, start_engine, wait_for
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
@@ -89,6 +94,42 @@ Thread 8877 (idle): "rankscope-telemetry"
     Thread._bootstrap ({STDLIB}/threading.py:1002)
 """
 
+# A user's script under Rankscope (ddp_train.py, line 73: loss.backward()), its rank 0 caught
+# inside Rankscope's timing comm hook as it hands a bucket to gloo (paths shortened), ...
+SCRIPT_IN_HOOK = f"""\
+Current thread 0x00007f0000000002 (most recent call first):
+  File "{SITE}/torch/distributed/distributed_c10d.py", line 2501 in all_reduce
+  File "{SITE}/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/work/ddp_engine/rank/sync_timing.py", line 110 in hook
+  File "{SITE}/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "{SITE}/torch/autograd/__init__.py", line 395 in backward
+  File "/work/ddp_engine/rank/script_watch.py", line 185 in backward
+  File "{SITE}/torch/_tensor.py", line 623 in backward
+  File "/home/me/ddp_train.py", line 73 in train
+  File "/home/me/ddp_train.py", line 90 in <module>
+  File "<frozen runpy>", line 291 in run_path
+  File "/work/ddp_engine/rank/script_run.py", line 95 in _run_main
+  File "/work/ddp_engine/rank/script_run.py", line 63 in run_script
+  File "/work/ddp_engine/rank/worker.py", line 71 in main
+  File "{SITE}/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367 in wrapper
+  File "/work/ddp_engine/worker.py", line 11 in <module>
+  File "<frozen runpy>", line 198 in _run_module_as_main
+"""
+# ... and in Rankscope's agreed-stop round, which the script's optimizer.step() (line 75) runs.
+SCRIPT_IN_STOP_ROUND = f"""\
+Current thread 0x00007f0000000003 (most recent call first):
+  File "{SITE}/torch/distributed/distributed_c10d.py", line 4400 in wait
+  File "/work/ddp_engine/rank/distributed.py", line 391 in _finish
+  File "/work/ddp_engine/rank/distributed.py", line 346 in after_step
+  File "/work/ddp_engine/rank/script_watch.py", line 330 in _end_step
+  File "/work/ddp_engine/rank/script_watch.py", line 315 in _after_opt_step
+  File "{SITE}/torch/optim/optimizer.py", line 520 in wrapper
+  File "/home/me/ddp_train.py", line 75 in train
+  File "/home/me/ddp_train.py", line 90 in <module>
+  File "<frozen runpy>", line 291 in run_path
+  File "/work/ddp_engine/rank/script_run.py", line 95 in _run_main
+"""
+
 
 def test_a_faulthandler_dump_is_read_thread_by_thread() -> None:
     threads = parse_faulthandler(RANK0)
@@ -138,6 +179,44 @@ def test_a_py_spy_dump_with_native_frames_is_read_too() -> None:
     in_gloo = [Frame("libtorch_cpu.so", None, "gloo::transport::tcp::UnboundBuffer::waitRecv"),
                *parse_faulthandler(IN_ALL_REDUCE)[0].frames[2:]]
     assert place_of(in_gloo).text() == "collective in train.py:210 (waiting for the other ranks)"
+
+
+def test_a_script_run_names_the_users_innermost_frame_not_rankscopes() -> None:
+    """Rankscope's hooks sit between the user's line and the collective: the summary names the
+    user's line and what it waits in; the stack text folds Rankscope's frames."""
+    in_hook = parse_faulthandler(SCRIPT_IN_HOOK)[0].frames
+    assert place_of(in_hook).text() == ("backward in ddp_train.py:73 (waiting for the other "
+                                        "ranks in DDP's gradient all-reduce)")
+    in_round = parse_faulthandler(SCRIPT_IN_STOP_ROUND)[0].frames
+    assert place_of(in_round).text() == ("wait in ddp_train.py:75 (waiting for the other "
+                                         "ranks, in Rankscope's _finish (distributed.py:391))")
+    text = frames_text(in_hook, fold=True)
+    assert "sync_timing.py" not in text and "script_watch.py" not in text
+    assert text.splitlines()[2:4] == ["  ... 1 Rankscope frame ...",
+                                      f'  File "{SITE}/torch/autograd/graph.py", line 979 in '
+                                      "_engine_run_backward"]
+    assert "  ... 3 Rankscope frames ..." in text.splitlines()
+    assert text.count("Rankscope frame") == 4 and len(text.splitlines()) == 14
+    # Unfolded (a built-in run's text, and the saved dumps), every frame is there.
+    assert frames_text(in_hook).count("/work/ddp_engine/") == 6
+
+
+def test_rankscope_frames_are_told_by_path_not_by_a_folder_name() -> None:
+    engine, front = PACKAGE_DIRS[0], PACKAGE_DIRS[1]
+    assert engine == REPO / "ddp_engine" and front.name == "rankscope"
+    assert is_rankscope_file(str(engine / "rank" / "script_watch.py"))
+    assert is_rankscope_file(str(front / "__init__.py"))
+    # Another copy of Rankscope (a dump from elsewhere): its modules are this install's.
+    assert is_rankscope_file("/opt/other/ddp_engine/rank/trainer.py")
+    assert is_rankscope_file("ddp_engine/common/heartbeat.py")  # py-spy's short names
+    # The user's files in folders that happen to be named so are the user's.
+    assert not is_rankscope_file(str(REPO / "tests" / "ddp_engine" / "rank" / "scripts" /
+                                     "stuck.py"))
+    assert not is_rankscope_file("/home/me/rankscope/train.py")
+    assert not is_rankscope_file("/home/me/ddp_engine/rank/my_trainer.py")
+    assert Frame("/home/me/ddp_engine/train.py", 3, "main").origin == USER
+    assert Frame(str(REPO / "ddp_engine" / "worker.py"), 11, "<module>").origin == RANKSCOPE
+    assert not Frame(f"{SITE}/torch/_tensor.py", 623, "backward").is_user_code()
 
 
 def test_a_folder_that_is_not_a_run_folder_is_refused(tmp_path: Path) -> None:
@@ -194,6 +273,39 @@ def test_a_script_rank_stuck_in_python_and_one_waiting_in_all_reduce(tmp_path: P
     assert report.summary == ("rank 0: all_reduce in train.py:16 (waiting for the other "
                               "ranks); rank 1: stuck_here in train.py:8")
     assert report.mechanism in ("faulthandler", "py-spy")
+
+
+def _line_of(path: Path, marker: str) -> int:
+    """The line of ``path`` that holds ``marker`` (1-based)."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if marker in line)
+
+
+@pytest.mark.slow
+def test_a_ddp_script_stuck_in_its_own_loop_is_named_by_its_own_lines(tmp_path: Path) -> None:
+    """A DDP script (tests/ddp_engine/rank/scripts/stuck.py): rank 1 loops in spin(), rank 0
+    waits for it in DDP's backward, under Rankscope's watch and timing hook. The summary names
+    the script's own lines; the grouped text folds Rankscope's frames; the saved file keeps
+    them."""
+    script = REPO / "tests" / "ddp_engine" / "rank" / "scripts" / "stuck.py"
+    run_dir = tmp_path / "run"
+    proc = start_engine("launch", "--script", str(script), "--nproc", "2", "--run-dir",
+                        str(run_dir), log=tmp_path / "out.log")
+    try:
+        report = _stacks_when(run_dir, lambda r: "rank 1: spin" in r.summary and "rank 0: "
+                              "backward" in r.summary, "rank 1 in spin(), rank 0 in backward")
+    finally:
+        proc.kill()
+    assert report.script
+    assert report.summary == (
+        f"rank 0: backward in stuck.py:{_line_of(script, '# rank 0 waits here')} (waiting for "
+        "the other ranks in DDP's gradient all-reduce); rank 1: spin in "
+        f"stuck.py:{_line_of(script, '# rank 1 stands here')}")
+    grouped = report.text
+    assert "Rankscope frame" in grouped
+    assert not any(name in grouped for name in ("script_watch.py", "script_run.py",
+                                                "ddp_engine/worker.py"))
+    assert report.path is not None
+    assert "script_run.py" in report.path.read_text()  # every frame, in the saved dumps
 
 
 @pytest.mark.slow

@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
 
 from app.devices import DevicePicker
 from app.dialogs import Presets, error_label
-from app.run_model import resume_config
-from app.spec_field import BUILTIN, CUSTOM, SCRIPT, ScriptFields, SourceSwitch, SpecField
+from app.script_source import ScriptFields
+from app.spec_field import BUILTIN, CUSTOM, SCRIPT, SourceSwitch, SpecField
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_files import load_config_file
 from ddp_engine.common.config_values import (
@@ -38,7 +38,6 @@ from ddp_engine.common.config_values import (
 )
 from ddp_engine.common.gpus import GpuInfo
 from ddp_engine.common.machine_checks import check_environment
-from ddp_engine.common.run_dir import CONFIG_FILE, read_json
 
 DATASET_CHOICES = [*BUILTIN_DATASETS, "text file...", "image folder...", CUSTOM]
 ERROR_STYLE = "border: 1px solid #d62728; background: #fff0f0;"
@@ -131,7 +130,7 @@ class LaunchPanel(QWidget):
                 ("Run name", self.name), ("Runs folder", self.runs_dir),
                 ("Resume from", self.resume))
         for label, widget in rows:
-            if label:
+            if label is not None:
                 form.addRow(label, widget)
             else:  # a note across the whole row
                 form.addRow(widget)
@@ -424,26 +423,3 @@ def _field_of(message: str, fields: dict[str, QWidget]) -> str | None:
     key = {"model_args": "model", "dataset_args": "dataset"}.get(key, key)
     return key if key in fields else None
 
-
-def refill_config(path: Path, runs_dir: Path) -> tuple[RunConfig, str]:
-    """The config Resume... puts in the form for the run in ``path``, and the line that says
-    so: a built-in run resumes from its last checkpoint (:func:`app.run_model.resume_config`);
-    a script run is run again as a new run (only a script can load its own checkpoints).
-
-    Raises:
-        ValueError: why not (no config, a config that no longer validates, ...).
-    """
-    data = read_json(path / CONFIG_FILE)
-    if not (isinstance(data, dict) and data.get("script")):
-        return resume_config(path, runs_dir)
-    try:
-        cfg = RunConfig.from_dict(data, source=str(path / CONFIG_FILE))
-    except ConfigError as e:
-        raise ValueError(f"cannot run {path.name} again: {e}") from None
-    cfg = dataclasses.replace(cfg, run_dir=None, dry_run=False, runs_dir=str(runs_dir))
-    ckpt = path / "checkpoints" / "last.pt"
-    kept = (f"; its model at the stop is in {ckpt}: pass that to the script's arguments if it "
-            "can load one" if ckpt.is_file() else "")
-    return cfg, (f"{path.name} ran your script {Path(cfg.script or '').name}: it is in the form "
-                 f"with its arguments, to run again as a new run{kept}; edit if needed, then "
-                 "Start (F5)")

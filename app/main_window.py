@@ -31,7 +31,7 @@ from app.dialogs import (
     warn,
 )
 from app.doctor_dialog import open_for
-from app.launch_panel import LaunchPanel, refill_config
+from app.launch_panel import LaunchPanel
 from app.logs_view import LogsView
 from app.metric_store import MetricStore
 from app.run_controller import RunController
@@ -48,6 +48,7 @@ from app.run_model import (
     save_form,
 )
 from app.runs_panel import RunsPanel
+from app.script_source import refill_config
 from app.sweep_watch import SweepWatch
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.gpus import GpuInfo

@@ -1,11 +1,8 @@
 """Launch-form fields: a path typed or chosen (:class:`PathField`); a model, dataset or loss
 (:class:`SpecField`): a built-in name, or a path or FILE.py:FUNC; what to train
-(:class:`SourceSwitch`) and the rows of a user's own script (:class:`ScriptFields`)."""
+(:class:`SourceSwitch`). The rows of a user's own script: :mod:`app.script_source`."""
 
 from __future__ import annotations
-
-import shlex
-from typing import Any
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
@@ -13,15 +10,12 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QPushButton,
     QRadioButton,
     QVBoxLayout,
     QWidget,
 )
-
-from ddp_engine.common.config import ConfigError, RunConfig
 
 CUSTOM = "Custom..."
 BUILTIN, SCRIPT = "builtin", "script"
@@ -153,60 +147,3 @@ class SourceSwitch(QWidget):
 
     def set_value(self, source: str) -> None:
         (self.script if source == SCRIPT else self.builtin).setChecked(True)
-
-
-class ScriptFields:
-    """The form's rows for a user's own script: the .py file, its arguments in one line (split
-    as a shell would) and its working folder (empty: the script's folder)."""
-
-    def __init__(self) -> None:
-        self.script = PathField("script", file_filter="Python (*.py)",
-                                placeholder="train.py, as you give it to torchrun")
-        self.args = QLineEdit()
-        self.args.setObjectName("script_args")
-        self.args.setPlaceholderText("e.g. --epochs 3 --lr 0.1")
-        self.args.setToolTip("the script's arguments, split as a shell would: quote an "
-                             "argument with spaces in it")
-        self.cwd = PathField("script_cwd", folder=True, placeholder="the script's folder")
-        self.hint = QLabel("Every rank runs it, unchanged, as torchrun would; Rankscope sees "
-                           "its steps, loss and gradient sync. Stop ends it at an agreed step "
-                           "and keeps its model in checkpoints/last.pt.")
-        self.hint.setObjectName("script_hint")
-        self.hint.setWordWrap(True)
-
-    def rows(self) -> list[tuple[str, QWidget]]:
-        return [("Script", self.script), ("Arguments", self.args),
-                ("Working folder", self.cwd), ("", self.hint)]  # "": the whole row
-
-    def values(self) -> dict[str, Any]:
-        """RunConfig's script fields.
-
-        Raises:
-            ConfigError: the arguments do not split as a shell would split them.
-        """
-        return {"script": self.script.value(), "script_args": split_args(self.args.text()),
-                "script_cwd": self.cwd.value() or None}
-
-    def set_config(self, cfg: RunConfig) -> None:
-        self.script.path.setText(cfg.script or "")
-        self.args.setText(shlex.join(cfg.script_args))
-        self.cwd.path.setText(cfg.script_cwd or "")
-
-
-_SPLIT_HINTS = {"No closing quotation": "a quote is not closed; close it, or put a backslash "
-                                        "before a quote meant literally",
-                "No escaped character": "the line ends in a backslash that escapes nothing; "
-                                        "remove it, or double it for a backslash"}
-
-
-def split_args(line: str) -> list[str]:
-    """A script's arguments from one line, split as a shell would (quotes keep spaces).
-
-    Raises:
-        ConfigError: naming script_args, the line and what is wrong with it.
-    """
-    try:
-        return shlex.split(line)
-    except ValueError as e:
-        raise ConfigError(f"script_args: cannot split {line!r} into arguments as a shell "
-                          f"would: {_SPLIT_HINTS.get(str(e), str(e))}") from None

@@ -8,8 +8,9 @@ heartbeats) on each node. The config a script writes holds nothing about nodes (
 ``NODE_FIELDS``): only the command line says them, so the two cannot disagree. The nodes meet
 through torchrun's c10d rendezvous at node 0's address.
 
-The scripts name no path of the machine that wrote them: the interpreter is
-``$RANKSCOPE_PYTHON`` (default ``python3``), which must have Rankscope installed.
+The scripts name no path of the machine that wrote them but a script run's file and working
+folder (absolute, on a file system every node sees): the interpreter is ``$RANKSCOPE_PYTHON``
+(default ``python3``), which must have Rankscope installed.
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ def rendezvous_args(cfg: RunConfig) -> list[str]:
 def portable_config(cfg: RunConfig) -> dict[str, object]:
     """The config file every node reads: ``cfg`` without ``NODE_FIELDS`` (each node's command
     line gives them), without a fixed run folder (each node's launcher names its own under
-    runs_dir) and not a dry run."""
-    return {k: v for k, v in cfg.to_dict().items() if k not in _NOT_PORTABLE}
+    runs_dir) and not a dry run. A script run's file and working folder are absolute (the
+    working folder by default the one these scripts are made in, as torchrun's would be): a
+    node started from another folder runs the same file in the same folder."""
+    return {k: v for k, v in cfg.with_script_paths().to_dict().items()
+            if k not in _NOT_PORTABLE}
 
 
 def node_flags(cfg: RunConfig, node_rank: int) -> list[str]:

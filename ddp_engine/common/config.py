@@ -18,9 +18,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ddp_engine.common.config_files import toml_text
@@ -83,8 +85,11 @@ class RunConfig:
     script_args: list[str] = _f("the script's arguments (on the command line: after --)",
                                 flag=False, default_factory=list)
     """The script's ``sys.argv[1:]``."""
-    script_cwd: str | None = _f("the script's working folder (default: the script's folder)")
-    """Where the script runs (its relative paths start there)."""
+    script_cwd: str | None = _f("the script's working folder (default: the folder you launch "
+                                "from, as with torchrun)")
+    """Where the script runs (its relative paths start there). Unset: the folder the launcher
+    was started in, as torchrun keeps its caller's; the launcher's plan writes the absolute
+    folder into the run's config.json."""
 
     device: str = _f("auto (GPUs when present), cpu (gloo processes) or cuda", "auto")
     """Where ranks run; ``auto`` picks CUDA when a GPU is visible."""
@@ -337,7 +342,8 @@ class RunConfig:
                 raise ConfigError(f"script: {name} = {value!r} applies to the built-in loop "
                                   "only; pass the script its own setting after --")
         if self.script_cwd is not None and not self.script_cwd.strip():
-            raise ConfigError("script_cwd must not be empty (unset: the script's folder)")
+            raise ConfigError("script_cwd must not be empty; give a folder, or leave it unset "
+                              "for the folder you launch from")
 
     # ------------------------------------------------------------------------- derived values
     @property
@@ -354,6 +360,15 @@ class RunConfig:
     def rendezvous_id(self) -> str:
         """``rdzv_id``, or one every node derives alike from the run name."""
         return self.rdzv_id or f"rankscope-{self.default_name()}"[:64]
+
+    def with_script_paths(self) -> RunConfig:
+        """A script run with ``script`` and ``script_cwd`` absolute, ``script_cwd`` by default
+        the folder this process runs in (the caller's, as torchrun keeps it); a built-in run
+        as it is. What a run's config.json, a sweep's counts and a node script carry."""
+        if self.script is None:
+            return self
+        return dataclasses.replace(self, script=str(Path(self.script).resolve()),
+                                   script_cwd=str(Path(self.script_cwd or os.getcwd()).resolve()))
 
     def default_name(self) -> str:
         """The run name used when ``name`` is unset."""

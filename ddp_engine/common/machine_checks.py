@@ -107,7 +107,8 @@ def check_script(script: str, cwd: str | None = None) -> None:
                           f"{msg}") from None
     if cwd is not None and not Path(cwd).is_dir():
         raise ConfigError(f"script_cwd: {cwd!r} is not a folder; give the folder the script "
-                          "should run in, or leave it unset for the script's folder")
+                          "should run in (relative paths in its arguments start there), or "
+                          "leave it unset for the folder you launch from")
 
 
 def check_port_free(field_name: str, port: int) -> None:

@@ -175,8 +175,8 @@ class SweepPlan:
     def subrun_config(self, nproc: int, group_dir: Path) -> RunConfig:
         """The launch config of one count: the base with nproc, devices, steps and folder set."""
         suffix = "-" + subrun_name(nproc)
-        return dataclasses.replace(
-            self.cfg, nproc=nproc, device=self.device,
+        return dataclasses.replace(  # a script's folder explicit: the sweep's caller's
+            self.cfg.with_script_paths(), nproc=nproc, device=self.device,
             gpus=self.gpus[:nproc] if self.gpus is not None else None, max_steps=self.steps,
             epochs=None, run_dir=str(group_dir / subrun_name(nproc)), dry_run=False,
             name=self.cfg.default_name()[:64 - len(suffix)] + suffix)

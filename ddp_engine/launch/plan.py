@@ -104,11 +104,11 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
     if device == "cuda":  # NCCL's flight recorder, dumped into ranks/ at a collective timeout
         env.update(recorder_env(run_dir))
     changes["resume"] = str(Path(cfg.resume).resolve()) if cfg.resume else None
-    if cfg.script is not None:  # absolute: the ranks run in script_cwd
-        script = Path(cfg.script).resolve()
-        changes["script"] = str(script)
-        changes["script_cwd"] = str(Path(cfg.script_cwd).resolve() if cfg.script_cwd
-                                    else script.parent)
+    if cfg.script is not None:  # absolute: the ranks run in script_cwd, by default the
+        # caller's folder as with torchrun (relative paths in the script's arguments mean what
+        # they mean in the shell that started the launch)
+        paths = cfg.with_script_paths()
+        changes.update(script=paths.script, script_cwd=paths.script_cwd)
     resolved = dataclasses.replace(cfg, **changes)
     # Several nodes: ranks numbered by node rank, which needs torchrun's shared store. (One
     # node: torchrun's numbers; launch() drops a RANKSCOPE_NODE_RANK left in the shell.)

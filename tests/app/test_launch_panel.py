@@ -3,6 +3,7 @@ is the built-in loop or the user's own script."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from app.cluster_dialog import ClusterDialog
 from app.desktop import default_presets
 from app.launch_panel import ERROR_STYLE, LaunchPanel
 from app.run_model import restored_form, save_form
+from app.script_source import refill_config
 from ddp_engine.common.config import ConfigError, RunConfig
 from tests.conftest import REPO
 
@@ -100,7 +102,7 @@ def test_the_source_switch_shows_the_fields_of_one_source(qtbot) -> None:
                     panel.precision, panel.grad_accum, panel.checkpoint_every, panel.seed,
                     panel.resume]
     script_only = [panel.script, panel.script_args, panel.script_cwd,
-                   panel.script_fields.hint]
+                   panel.script_fields.cwd_note, panel.script_fields.hint]
     both = [panel.max_steps, panel.name, panel.runs_dir, panel.devices, panel.nnodes]
     for source, shown, hidden in (("builtin", builtin_only, script_only),
                                   ("script", script_only, builtin_only),
@@ -128,13 +130,66 @@ def test_the_form_builds_a_script_config(qtbot, tmp_path: Path) -> None:
         "mlp", "constant", 0, 100, None)  # a script's own end: max steps 0 by default
     assert cfg.default_name() == "ddp_train" == panel.name.placeholderText()
     panel.script_cwd.path.setText("")
-    assert panel.config().script_cwd is None  # the script's folder
+    assert panel.config().script_cwd == str(SCRIPT.parent)  # emptied: the script's, explicit
     panel.max_steps.setValue(30)
     assert panel.config().max_steps == 30  # stops the script after 30 optimizer steps
     _click(qtbot, panel, "builtin")
     cfg = panel.config()  # back to the built-in loop: its fields as they were
     assert (cfg.script, cfg.script_args, cfg.model, cfg.lr_schedule, cfg.warmup_steps,
             cfg.eval_every, cfg.max_steps) == (None, [], "convnet", "cosine", 10, 7, 50)
+
+
+def test_the_working_folder_is_the_scripts_until_the_user_chooses_one(
+        qtbot, tmp_path: Path) -> None:
+    """The app has no caller's folder (torchrun's default): picking a script fills the field
+    with the script's folder, the note under it says so, and the config always names it."""
+    panel = _panel(qtbot)
+    _click(qtbot, panel, "script")
+    note = panel.script_fields.cwd_note
+    assert note.isVisibleTo(panel) and "Relative paths in the arguments are read from here" in \
+        note.text() and "torchrun would use the folder you start it in" in note.text()
+    form = panel.script_cwd.parentWidget().layout()  # the note: the row under the field
+    assert form.getWidgetPosition(note)[0] == form.getWidgetPosition(panel.script_cwd)[0] + 1
+    assert panel.script_cwd.path.text() == ""
+    panel.script.path.setText(str(SCRIPT))  # as the "..." button's file dialog sets it
+    assert panel.script_cwd.path.text() == str(SCRIPT.parent)
+    assert panel.valid and panel.config().script_cwd == str(SCRIPT.parent)
+    other = tmp_path / "project" / "train.py"
+    other.parent.mkdir()
+    other.write_text("print('hi')\n")
+    panel.script.path.setText(str(other))  # still the last script's folder: follows
+    assert panel.config().script_cwd == str(other.parent)
+    panel.script_cwd.path.setText(str(tmp_path))  # the user's own choice stays
+    panel.script.path.setText(str(SCRIPT))
+    assert panel.script_cwd.path.text() == str(tmp_path)
+    assert panel.config().script_cwd == str(tmp_path)
+    panel.script_cwd.path.setText("")  # emptied: the next script fills it again
+    panel.script.path.setText(str(other))
+    assert panel.config().script_cwd == str(other.parent)
+    # A config without one (a preset written by hand): the script's folder, shown
+    panel.set_config(RunConfig(script=str(SCRIPT), nproc=2))
+    assert panel.script_cwd.path.text() == str(SCRIPT.parent)
+    assert panel.config().script_cwd == str(SCRIPT.parent)
+    preset = tmp_path / "saved.toml"
+    panel.save_preset_to(preset)  # explicit in what the form saves, too
+    assert f'script_cwd = "{SCRIPT.parent}"' in preset.read_text()
+
+
+def test_a_script_run_again_keeps_the_working_folder_it_ran_in(qtbot, tmp_path: Path) -> None:
+    """Resume... (the runs list, the app's Resume) of a script run: the folder recorded in its
+    config.json, not the script's."""
+    run = tmp_path / "runs" / "ddp_train-1"
+    run.mkdir(parents=True)
+    project = tmp_path / "project"
+    project.mkdir()
+    recorded = RunConfig(script=str(SCRIPT), script_args=["--data", "mydata/train.txt"],
+                         script_cwd=str(project), nproc=2, run_dir=str(run))
+    (run / "config.json").write_text(json.dumps(recorded.to_dict()))
+    cfg, _text = refill_config(run, tmp_path / "runs")
+    panel = _panel(qtbot)
+    panel.set_config(cfg)
+    assert panel.script_cwd.path.text() == str(project)
+    assert panel.config().script_cwd == str(project)
 
 
 def _refused(panel: LaunchPanel, field: str, message: str) -> None:

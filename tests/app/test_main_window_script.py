@@ -26,6 +26,7 @@ def test_your_own_script_from_the_form_stops_with_a_checkpoint_and_comes_back(
     assert panel.valid and window.start_action.isEnabled(), panel.error.text()
     cfg = panel.config()
     assert (cfg.device, cfg.nproc, cfg.max_steps, cfg.model) == ("cpu", 2, None, "mlp")
+    assert cfg.script_cwd == str(REPO / "examples")  # the app has no caller's folder: explicit
     run_dir = window.start_run()
     assert run_dir is not None and run_dir.parent == (tmp_path / "runs").resolve()
     assert run_dir.name.startswith("ddp_train-")  # the script's name
@@ -41,4 +42,5 @@ def test_your_own_script_from_the_form_stops_with_a_checkpoint_and_comes_back(
     panel.source.builtin.setChecked(True)
     assert window.resume_from(run_dir) is not None
     assert panel.source.value() == "script" and panel.config().script_args == cfg.script_args
+    assert panel.config().script_cwd == cfg.script_cwd  # the folder it ran in, kept
     assert window.message_label.text().startswith(f"{run_dir.name} ran your script ddp_train.py")

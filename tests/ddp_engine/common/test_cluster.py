@@ -175,6 +175,20 @@ def test_the_embedded_config_agrees_with_the_command(tmp_path: Path) -> None:
     assert (config["gpus"], config["nproc"], config["device"]) == (None, 2, "cuda")
 
 
+def test_a_script_runs_on_every_node_in_the_folder_named_in_the_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripts carry a script run's working folder (by default the folder they are made
+    in, as torchrun's caller's) and its file, absolute: a node started elsewhere agrees."""
+    monkeypatch.chdir(tmp_path)
+    cfg = dataclasses.replace(BIG, script="train.py", gpus=None, device="cpu", nproc=1)
+    for script in (node_script(cfg, 1), slurm_script(cfg)):
+        config = _embedded(script)[0]
+        assert (config["script"], config["script_cwd"]) == (
+            str(tmp_path / "train.py"), str(tmp_path))
+    mine = dataclasses.replace(cfg, script_cwd=str(REPO))
+    assert _embedded(node_script(mine, 0))[0]["script_cwd"] == str(REPO)
+
+
 def test_a_python_without_rankscope_is_named_before_anything_starts(tmp_path: Path) -> None:
     env = {**_env(tmp_path), "RANKSCOPE_PYTHON": str(tmp_path / "no-python")}
     proc = subprocess.run(["bash", "-c", node_script(_config(), 1)], cwd=tmp_path,

@@ -45,17 +45,25 @@ def test_dry_run_prints_the_torchrun_command_and_starts_nothing(tmp_path: Path) 
 
 
 def test_dry_run_of_a_script_passes_everything_after_the_dashes_to_it(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
+    script = tmp_path / "scripts" / "train.py"
+    script.parent.mkdir()
     script.write_text("print('hi')\n")
+    project = tmp_path / "project"  # where the user types the command
+    (project / "sub").mkdir(parents=True)
     proc = run_engine("launch", "--script", str(script), "--nproc", "2", "--runs-dir",
                       str(tmp_path / "runs"), "--dry-run", "--", "--epochs", "3", "--nproc",
-                      "9", "--", timeout=60)
+                      "9", "--", timeout=60, cwd=project)
     assert proc.returncode == 0, proc.stderr
     first, rest = proc.stdout.split("\n", 1)
     assert "--nproc-per-node 2 " in first and "-m ddp_engine.worker --config" in first
     cfg = json.loads(rest)
     assert cfg["script_args"] == ["--epochs", "3", "--nproc", "9", "--"]
-    assert cfg["script"] == str(script) and cfg["script_cwd"] == str(tmp_path)
+    # The working folder: the caller's, as torchrun keeps it (not the script's), absolute
+    assert cfg["script"] == str(script) and cfg["script_cwd"] == str(project)
+    proc = run_engine("launch", "--script", "../scripts/train.py", "--script-cwd", "sub",
+                      "--runs-dir", str(tmp_path / "runs"), "--dry-run", timeout=60, cwd=project)
+    cfg = json.loads(proc.stdout.split("\n", 1)[1])  # relative: from the caller's folder
+    assert (cfg["script"], cfg["script_cwd"]) == (str(script), str(project / "sub"))
     assert cfg["run_dir"].endswith("<timestamp>") and "train-" in cfg["run_dir"]
 
 
@@ -136,7 +144,10 @@ def _touch(path: Path, text: str = "x") -> str:
                                                  "--model"),
     (["--script", "{plugin}", "--lr", "0.5"], "script: lr = 0.5 applies to the built-in loop"),
     (["--script", "{plugin}", "--script-cwd", "{tmp}/nodir"], "script_cwd: '{tmp}/nodir' is "
-                                                              "not a folder"),
+                                                              "not a folder; give the folder"),
+    (["--script", "{plugin}", "--script-cwd", "{plugin}"], "script_cwd: '{plugin}' is not a "
+                                                           "folder"),
+    (["--script", "{plugin}", "--script-cwd", " "], "script_cwd must not be empty"),
 ])
 def test_bad_input_exits_2_with_one_line_before_any_worker(tmp_path: Path, args: list[str],
                                                            message: str) -> None:

@@ -3,6 +3,9 @@ torch can use decides the device, and the ranks get their GPUs by UUID."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from ddp_engine.common import inventory
@@ -94,3 +97,23 @@ def test_nccl_runs_get_the_flight_recorder_dumping_into_their_folder(
         (tmp_path / "run").resolve() / "ranks" / "nccl_trace_rank_")
     cpu = plan_launch(RunConfig(device="cpu"), create_run_dir=False)
     assert not any(k.startswith("TORCH_NCCL") for k in cpu.env)
+
+
+def test_a_scripts_working_folder_is_the_callers_unless_given(
+        workstation: SimulatedNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As torchrun keeps the folder it is started in; config.json gets the absolute folder,
+    so the ranks chdir there whoever starts them."""
+    script = tmp_path / "scripts" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('hi')\n")
+    project = tmp_path / "project"
+    (project / "out").mkdir(parents=True)
+    monkeypatch.chdir(project)
+    cfg = RunConfig(script=str(script), device="cpu", nproc=2)
+    assert plan_launch(cfg, create_run_dir=False).cfg.script_cwd == str(project)
+    given = dataclasses.replace(cfg, script_cwd="out")  # relative: to the caller's folder
+    assert plan_launch(given, create_run_dir=False).cfg.script_cwd == str(project / "out")
+    assert plan_launch(RunConfig(device="cpu"), create_run_dir=False).cfg.script_cwd is None
+    with pytest.raises(ConfigError, match=r"^script_cwd: 'nowhere' is not a folder; give the "
+                       r"folder the script should run in"):
+        plan_launch(dataclasses.replace(cfg, script_cwd="nowhere"), create_run_dir=False)

@@ -118,6 +118,22 @@ def test_each_count_gets_its_own_launch_config(tmp_path: Path) -> None:
     assert name is not None and len(name) == 64 and name.endswith("-nproc-1")
 
 
+def test_a_scripts_counts_run_in_the_callers_folder_named_in_each_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "scripts" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('hi')\n")
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)  # where the sweep is started
+    plan = plan_sweep(RunConfig(script="../scripts/train.py"), [1], gpu_count=0, cpu_count=2)
+    sub = plan.subrun_config(1, tmp_path)
+    assert (sub.script, sub.script_cwd) == (str(script), str(project))
+    given = plan_sweep(RunConfig(script=str(script), script_cwd=str(tmp_path)), [1],
+                       gpu_count=0, cpu_count=2)
+    assert given.subrun_config(1, tmp_path).script_cwd == str(tmp_path)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"counts": [0, 1]}, r"^counts: 0 is not allowed; each count must be >= 1$"),
     ({"counts": [1, 3]}, r"^counts: 3 is more than the 2 CPU cores of this machine; allowed: "

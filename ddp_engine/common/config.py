@@ -87,9 +87,8 @@ class RunConfig:
     """The script's ``sys.argv[1:]``."""
     script_cwd: str | None = _f("the script's working folder (default: the folder you launch "
                                 "from, as with torchrun)")
-    """Where the script runs (its relative paths start there). Unset: the folder the launcher
-    was started in, as torchrun keeps its caller's; the launcher's plan writes the absolute
-    folder into the run's config.json."""
+    """Where the script runs (its relative paths start there). Unset: the launcher's own, as
+    torchrun keeps its caller's; config.json gets it absolute (:meth:`with_script_paths`)."""
 
     device: str = _f("auto (GPUs when present), cpu (gloo processes) or cuda", "auto")
     """Where ranks run; ``auto`` picks CUDA when a GPU is visible."""
@@ -363,8 +362,7 @@ class RunConfig:
 
     def with_script_paths(self) -> RunConfig:
         """A script run with ``script`` and ``script_cwd`` absolute, ``script_cwd`` by default
-        the folder this process runs in (the caller's, as torchrun keeps it); a built-in run
-        as it is. What a run's config.json, a sweep's counts and a node script carry."""
+        this process's folder (as torchrun keeps its caller's); a built-in run as it is."""
         if self.script is None:
             return self
         return dataclasses.replace(self, script=str(Path(self.script).resolve()),

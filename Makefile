@@ -75,7 +75,7 @@ bench: install
 	  QT_QPA_PLATFORM=offscreen $(PY) bench/$$b.py || exit 1; done
 
 # Stopped at any moment, many times: 200 start/stop cycles of real runs mixing `ddp_engine stop`,
-# SIGTERM, Ctrl+C and the app's Stop (bench/soak.py; about 45 minutes on 2 cores; not a speed
+# SIGTERM, Ctrl+C and the app's Stop (bench/soak.py; about 18 minutes on 2 cores; not a speed
 # benchmark). Its figures are in docs/RELIABILITY.md. SOAK_ARGS="--cycles 20 --seed 1" for less.
 SOAK_ARGS ?=
 soak: install

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 import torch.optim.optimizer as optim_hooks
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
@@ -88,6 +89,7 @@ class TorchPatches:
         self._patch(torch.amp.GradScaler, "step", self._scaler_step)
         self._patch(DistributedSampler, "set_epoch", self._set_epoch)
         self._patch(signal, "signal", self._signal)
+        self._patch(Join, "__init__", self._join)
         pre = optim_hooks.register_optimizer_step_pre_hook(
             lambda opt, a, k: g.run("steps", w.before_opt_step, opt))
         post = optim_hooks.register_optimizer_step_post_hook(
@@ -171,6 +173,13 @@ class TorchPatches:
             original(ddp, comm_hook_type)
         return _register_builtin_comm_hook
 
+    def _join(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(join: Join, joinables: list[Any], *args: Any, **kwargs: Any) -> None:  # noqa: N807
+            if joinables and "steps" not in self.guard.off:  # last: DDP stays the first
+                joinables = [*joinables, _StepsJoinable(self.watch, self.guard, joinables[0])]
+            original(join, joinables, *args, **kwargs)
+        return __init__
+
     def _signal(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def signal_(signalnum: Any, handler: Any) -> Any:
             chained = self.guard.run("signals", self.watch.script_signal_handler,
@@ -188,3 +197,32 @@ def chain(ours: Callable[[int, Any], Any], theirs: Any, signum: int) -> Callable
 
     chained.__name__ = f"rankscope_then_{getattr(theirs, '__name__', signal_name(signum))}"
     return chained
+
+
+class _StepsJoinable(Joinable):
+    """DDP's Join (uneven inputs): a rank out of data shadows the others' collectives in
+    ``Join.__exit__``, once per iteration of theirs; this joinable shadows the watch's steps
+    there, so its agreed-stop rounds meet theirs (one optimizer step per forward, as usual)."""
+
+    def __init__(self, watch: ScriptWatch, guard: Guard, first: Any) -> None:
+        super().__init__()
+        self._watch, self._guard = watch, guard
+        self._device = first.join_device
+        self._group = first.join_process_group
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        watch, guard = self._watch, self._guard
+
+        class Shadow(JoinHook):
+            def main_hook(self) -> None:
+                guard.run("steps", watch.shadow_step)
+
+        return Shadow()
+
+    @property
+    def join_device(self) -> torch.device:
+        return torch.device(self._device)
+
+    @property
+    def join_process_group(self) -> Any:
+        return self._group

@@ -354,6 +354,10 @@ class ScriptWatch:
         self._end_step()
 
     # ------------------------------------------------------------------------- steps
+    def shadow_step(self) -> None:
+        """Out of data inside DDP's Join: one of the other ranks' steps, without training."""
+        self._end_step()
+
     def _end_step(self) -> None:
         """A step ended (the counting optimizer's, a skipped one, or a should_stop() call in a
         loop without one): count it, and take part in the agreed-stop round when one is due."""

@@ -275,3 +275,4 @@ def test_a_new_stages_optimizer_takes_over_the_step_count(watch: ScriptWatch) ->
     assert watch.optimizers[0] is second
     del first
     assert len(watch.optimizers) == 1  # a stage the script let go of is not kept alive
+

@@ -24,7 +24,8 @@ from typing import IO
 STACK_SIGNAL: int = int(getattr(signal, "SIGRTMIN", signal.SIGUSR2)) + (
     6 if hasattr(signal, "SIGRTMIN") else 0)
 """The signal that asks a rank for its stacks: a real-time signal, used by nothing else here
-(SIGUSR1 is the ranks' parent-death signal; SLURM sends SIGUSR1/SIGUSR2 before a time limit).
+(+4 is the ranks' parent-death signal, +5 the launcher's stop request; SLURM sends
+SIGUSR1/SIGUSR2).
 Its default action ends a process, so a reader signals only a process that catches it
 (:func:`catches_signal`)."""
 

@@ -4,7 +4,8 @@ The script runs in this process as ``__main__``, with the argv (``[script, *scri
 environment (torchrun's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...), ``sys.path[0]`` (its
 folder) and working folder (``script_cwd``, default the caller's folder) that ``torchrun
 train.py ARGS`` gives it. Around it, as for built-in runs: rank 0's telemetry server, the
-heartbeat, the rank's state file, and the failure report. The watching itself is :mod:`ddp_engine.rank.script_watch`.
+heartbeat, the rank's state file, and the failure report. The watching itself is
+:mod:`ddp_engine.rank.script_watch`.
 """
 
 from __future__ import annotations

@@ -44,6 +44,28 @@ PARTS = {
 """The parts of the watch a failure turns off, and what each watches (as the dashboard says)."""
 
 
+def first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The first dimension of the first tensor among a forward's arguments (a step or two
+    into lists, tuples and dicts), or None."""
+    todo: list[Any] = [*args, *kwargs.values()]
+    for _ in range(64):
+        if not todo:
+            return None
+        item = todo.pop(0)
+        if isinstance(item, torch.Tensor):
+            return int(item.shape[0]) if item.dim() > 0 else None
+        if isinstance(item, list | tuple):
+            todo[:0] = list(item)[:8]
+        elif isinstance(item, dict):
+            todo[:0] = list(item.values())[:8]
+    return None
+
+
+def compiling() -> bool:
+    """Inside torch.compile's tracing: our hooks do nothing there (no graph break)."""
+    return bool(torch.compiler.is_compiling())
+
+
 class Guard:
     """Runs the watch's part of a patch; an exception turns that part off (once, said)."""
 

@@ -1,19 +1,13 @@
 """Watching a user's own training script from inside its rank, without changing it: the step
-accounting and reporting. Where the script meets torch is :mod:`script_patches`; its end,
-at an agreed stop or by itself, is :mod:`script_stop`.
+accounting and reporting. Where the script meets torch is :mod:`script_patches`; which optimizer
+steps count, :mod:`script_steps`; its end, :mod:`script_stop`.
 
-- ``init_process_group``: right after it, the watch's own CPU side group (agreed-stop rounds
-  and reports), with the script's own timeout (never shorter), and the rank's device.
-- Every ``DistributedDataParallel`` the script builds (the most recent one is timed; staged
-  training builds several): a forward pre-hook sees the batch (samples/s) and when compute
-  starts (data wait); the timing comm hook goes on over DDP's own process group at the first
-  backward, or the script's own Python hook is wrapped with the same timing.
-- ``torch.autograd.backward``: a one-element tensor passed to it is the loss (a
-  ``GradScaler``'s scaled loss counts unscaled; inside an optimizer's closure, the first).
-- Optimizer steps (torch's global hooks): one counts the steps (the first that steps; another
-  takes over when it steps twice while that one does not: staged training), each followed by
-  the agreed-stop round. A step a GradScaler skips is counted as skipped, its loss dropped.
-- ``DistributedSampler.set_epoch``: the epoch.
+- ``init_process_group``: the watch's CPU side group (agreed-stop rounds, reports), with the
+  script's own timeout at the least, and the rank's device.
+- Every ``DistributedDataParallel`` (the latest is timed): the batch (samples/s), data wait,
+  and the timing comm hook over DDP's own group (or the script's own hook, timed).
+- ``torch.autograd.backward``: a one-element tensor passed to it is the loss (unscaled from a
+  ``GradScaler``; inside an optimizer's closure, the first); each step ends with the round.
 """
 
 from __future__ import annotations
@@ -40,7 +34,15 @@ from ddp_engine.rank.distributed import DistInfo, StopFlag, rank_places
 from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.reports import REPORT_FIELDS, Interval
-from ddp_engine.rank.script_patches import PARTS, Guard, TorchPatches, chain
+from ddp_engine.rank.script_patches import (
+    PARTS,
+    Guard,
+    TorchPatches,
+    chain,
+    compiling,
+    first_batch_size,
+)
+from ddp_engine.rank.script_steps import SCALER_SKIPS_DIVERGED, StepCounter
 from ddp_engine.rank.script_stop import ScriptStopped, post_final, save_at_stop
 from ddp_engine.rank.sync_timing import StepTimer
 from ddp_engine.rank.telemetry import Telemetry
@@ -48,31 +50,6 @@ from ddp_engine.rank.telemetry import Telemetry
 log = logging.getLogger("ddp_engine.rank.script_watch")
 
 SYNC_FIELDS = ("sync_time_s", "sync_exposed_s", "sync_bytes", "sync_buckets")
-SCALER_SKIPS_DIVERGED = 20
-"""Steps a GradScaler skips in a row before the loss counts as non-finite (the run's
-``nonfinite_loss`` policy): by then it has cut its scale 2^20-fold and still overflows."""
-
-
-def _first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """The first dimension of the first tensor among a forward's arguments (a step or two
-    into lists, tuples and dicts), or None."""
-    todo: list[Any] = [*args, *kwargs.values()]
-    for _ in range(64):
-        if not todo:
-            return None
-        item = todo.pop(0)
-        if isinstance(item, torch.Tensor):
-            return int(item.shape[0]) if item.dim() > 0 else None
-        if isinstance(item, list | tuple):
-            todo[:0] = list(item)[:8]
-        elif isinstance(item, dict):
-            todo[:0] = list(item.values())[:8]
-    return None
-
-
-def _compiling() -> bool:
-    """Inside torch.compile's tracing: our hooks do nothing there (no graph break)."""
-    return bool(torch.compiler.is_compiling())
 
 
 class ScriptWatch:
@@ -105,9 +82,7 @@ class ScriptWatch:
         self.sampler: DeviceSampler | None = None
         # Weakly: a stage the script left (its DDP, its optimizer) is freed as under torchrun.
         self._ddps: list[weakref.ref[DDP]] = []
-        self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
-        self._counter: weakref.ref[torch.optim.Optimizer] | None = None
-        self._other_steps = 0  # steps of other optimizers since the counting one stepped
+        self.steps = StepCounter()
         self.on_stop_fns: list[Callable[[], Any]] = []
         self.uses_should_stop = False
         self.sync_missing: str | None = "the script built no DistributedDataParallel"
@@ -122,9 +97,6 @@ class ScriptWatch:
         self._opt_loss_seen = False  # inside an optimizer's closure: the first loss counts
         self._in_backward = False
         self._saw_loss = False
-        self.skipped = 0  # GradScaler-skipped steps since the last report
-        self.skipped_in_row = 0
-        self._scaler_stepping: tuple[int, bool] | None = None  # (id of its optimizer, stepped)
         self._said: dict[str, str] = {}
         self._scaled: tuple[int, torch.Tensor] | None = None  # (id of a scaled loss, unscaled)
         self._finished = False
@@ -135,7 +107,8 @@ class ScriptWatch:
 
     def uninstall(self) -> None:
         self.patches.uninstall()
-        self._ddps, self._optimizers, self.on_stop_fns = [], [], []
+        self._ddps, self.on_stop_fns = [], []
+        self.steps.forget()
         if self.sampler is not None:
             self.sampler.request_stop()
 
@@ -152,10 +125,7 @@ class ScriptWatch:
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """Every optimizer that stepped and is still held, the counting one first."""
-        alive = [o for o in (r() for r in self._optimizers) if o is not None]
-        counter = self._counter() if self._counter is not None else None
-        return ([counter] if counter is not None else []) + [o for o in alive
-                                                             if o is not counter]
+        return self.steps.optimizers
 
     # ------------------------------------------------------------------------- torch's calls
     def joined(self, timeout: datetime.timedelta | None) -> None:
@@ -199,10 +169,10 @@ class ScriptWatch:
             self.timer = StepTimer(self.device, divide=True)  # the script's loss is not divided
         g = self.guard
         module.register_forward_pre_hook(
-            lambda m, a, k: None if _compiling() else g.run("forward", self._before_forward,
+            lambda m, a, k: None if compiling() else g.run("forward", self._before_forward,
                                                             a, k), with_kwargs=True)
         module.register_forward_hook(
-            lambda m, a, o: None if _compiling() else g.run("forward", self._after_forward))
+            lambda m, a, o: None if compiling() else g.run("forward", self._after_forward))
 
     def script_hook(self, module: DDP, hook: Callable[..., Any]) -> Callable[..., Any] | None:
         """The script registers a comm hook of its own: timed (once per module)."""
@@ -283,7 +253,7 @@ class ScriptWatch:
         if self._idle_since is not None and self.timer is not None and not self._in_opt:
             self.timer.add_data_wait(now - self._idle_since)
         self._idle_since = None
-        self._samples += _first_batch_size(args, kwargs) or 0
+        self._samples += first_batch_size(args, kwargs) or 0
         self._phase("forward")
         stamp = self.timer.stamp() if self.timer is not None else None
         if self._in_opt and self.timer is not None and self._opt_stamp is not None:
@@ -298,56 +268,32 @@ class ScriptWatch:
         self._forward_stamp = None
 
     def before_opt_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._counts(optimizer, peek=True):
+        if self.steps.counts(optimizer):
             self._in_opt, self._opt_loss_seen = True, False
             self._phase("optimizer")
             self._opt_stamp = self.timer.stamp() if self.timer is not None else None
 
     def after_opt_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if not any(r() is optimizer for r in self._optimizers):
-            self._optimizers.append(weakref.ref(optimizer))
-        if self._scaler_stepping is not None and self._scaler_stepping[0] == id(optimizer):
-            self._scaler_stepping = (id(optimizer), True)
-        if not self._counts(optimizer, peek=False):
+        if not self.steps.stepped(optimizer):
             return
         self._in_opt = False
         if self.timer is not None and self._opt_stamp is not None:
             self.timer.phase("optimizer", self._opt_stamp, self.timer.stamp())
         self._opt_stamp = None
-        self.skipped_in_row = 0
         self._end_step()
 
-    def _counts(self, optimizer: torch.optim.Optimizer, peek: bool) -> bool:
-        """Whether ``optimizer``'s steps are the run's steps: the first that steps counts; one
-        that steps twice while it does not takes over (a new stage's optimizer)."""
-        counter = self._counter() if self._counter is not None else None
-        if counter is None or counter is optimizer:
-            if not peek:
-                self._counter, self._other_steps = weakref.ref(optimizer), 0
-            return True
-        if peek:
-            return False
-        self._other_steps += 1
-        if self._other_steps < 2:
-            return False
-        self._counter, self._other_steps = weakref.ref(optimizer), 0
-        return True
-
     def scaler_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
-        self._scaler_stepping = (id(optimizer), False)
+        self.steps.scaler_begins(optimizer)
 
     def scaler_step_ended(self, optimizer: torch.optim.Optimizer) -> None:
         """``scaler.step(optimizer)`` returned: if the optimizer did not step (inf gradients),
         the iteration still ends, as a skipped step whose loss is not kept."""
-        stepping, self._scaler_stepping = self._scaler_stepping, None
-        if stepping is None or stepping[1] or not self._counts(optimizer, peek=True):
+        if not self.steps.scaler_skipped(optimizer):
             return
         self._in_opt = False
-        self.skipped += 1
-        self.skipped_in_row += 1
-        if self.skipped_in_row < SCALER_SKIPS_DIVERGED:
+        if self.steps.skipped_in_row < SCALER_SKIPS_DIVERGED:
             self._loss = None  # a skipped step's loss (often inf) is not the next one's
-        elif self.skipped_in_row == SCALER_SKIPS_DIVERGED:
+        elif self.steps.skipped_in_row == SCALER_SKIPS_DIVERGED:
             self._loss = torch.tensor(math.inf)  # the run's non-finite-loss policy decides
             log.warning("the GradScaler skipped %d steps in a row: the loss is taken as "
                         "non-finite", SCALER_SKIPS_DIVERGED)
@@ -408,7 +354,7 @@ class ScriptWatch:
                 values.update(dict.fromkeys(SYNC_FIELDS))
         if self.sampler is not None:
             values.update(self.sampler.latest())
-        values["skipped_steps"], self.skipped = float(self.skipped), 0
+        values["skipped_steps"] = float(self.steps.take_skipped())
         values["process_cpu_s"] = time.process_time()
         values["logged_keys"] = self.logged.take(self.step)
         values["local_rank"] = self.info.local_rank
@@ -478,7 +424,7 @@ class ScriptWatch:
 
     def should_stop(self) -> bool:
         self.uses_should_stop = True
-        if self._counter is None and self.outcome is None:
+        if not self.steps.started and self.outcome is None:
             self._end_step()  # a loop without optimizer steps: each call ends a step
         return self.outcome is not None
 

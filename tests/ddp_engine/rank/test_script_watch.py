@@ -20,7 +20,8 @@ from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.common.run_dir import iter_metrics
 from ddp_engine.rank.distributed import DistInfo, StopFlag
 from ddp_engine.rank.logged import MAX_KEYS, LoggedScalars
-from ddp_engine.rank.script_watch import ScriptWatch, _first_batch_size
+from ddp_engine.rank.script_patches import first_batch_size as _first_batch_size
+from ddp_engine.rank.script_watch import ScriptWatch
 from ddp_engine.rank.telemetry import Telemetry
 
 

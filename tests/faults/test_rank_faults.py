@@ -139,8 +139,8 @@ def test_ctrl_c_twice_forces_a_hung_run_down(tmp_path: Path, observed: list[str]
         wait_for(lambda: (read_heartbeats(run_dir).get(1) or {}).get("phase") == "forward"
                  and read_heartbeats(run_dir)[1].get("step") == 4, 60, "rank 1 to hang")
         proc.send_signal(signal.SIGINT)
-        wait_for(lambda: "shutting down workers" in (tmp_path / "out.log").read_text(), 30,
-                 "the launcher to forward the stop")
+        wait_for(lambda: "asking every rank to stop" in (tmp_path / "out.log").read_text(),
+                 30, "the launcher to ask for the agreed stop")
         forced_at = time.monotonic()
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)

@@ -45,6 +45,7 @@ def main() -> None:
         with open(os.path.join(args.out, "graph_breaks.json"), "w") as f:
             json.dump({"graph_breaks": breaks,
                        "reasons": sorted({r.splitlines()[0] for r in reasons})}, f)
+    dist.barrier()  # every rank done (rank 0 wrote its files) before the group goes
     dist.destroy_process_group()
 
 

@@ -52,6 +52,7 @@ def main() -> None:
         json.dump({"losses": losses, "skipped": skipped}, f)
     if rank == 0:
         torch.save(model.module.state_dict(), os.path.join(args.out, "weights.pt"))
+    dist.barrier()  # every rank done (rank 0 wrote its files) before the group goes
     dist.destroy_process_group()
 
 

@@ -197,12 +197,15 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         final = {"state": "completed"}
         code = EXIT_OK
     except ChildFailedError as e:
-        root, _ = e.get_first_failure()  # the earliest failure: the likely root cause
-        root = _our_rank(root, plan.cfg)
-        reason, details = _failure_reason(
-            {_our_rank(r, plan.cfg): f for r, f in e.failures.items()}, root,
-            rank_log_files(run_dir), plan.cfg.dist_timeout_s)
-        final = {"state": "failed", "reason": reason, "ranks": details, "root_rank": root}
+        if signals.forced:  # the ranks died of the forced stop: a stop, said as forced below
+            final = {"state": "stopped", "stop_signal": signals.seen[-1]}
+        else:
+            root, _ = e.get_first_failure()  # the earliest failure: the likely root cause
+            root = _our_rank(root, plan.cfg)
+            reason, details = _failure_reason(
+                {_our_rank(r, plan.cfg): f for r, f in e.failures.items()}, root,
+                rank_log_files(run_dir), plan.cfg.dist_timeout_s)
+            final = {"state": "failed", "reason": reason, "ranks": details, "root_rank": root}
     except SignalException as e:
         final = {"state": "stopped", "stop_signal": e.sigval.name}
         code = EXIT_OK

@@ -59,6 +59,8 @@ class LauncherSignals:
                                    doing="stopping them as torchrun would (the signal to "
                                          "each rank's process group)")
         self._escalating = False
+        self.forced = False
+        """A second signal forced the run down (its ranks' deaths are not failures)."""
 
     def install(self) -> None:
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -114,6 +116,7 @@ class LauncherSignals:
 
     def force(self) -> None:
         """SIGTERM every process of the run now and SIGKILL what is left a little later."""
+        self.forced = True
         if self.monitor is None:
             return
         self.monitor.poll_once(scan_processes=True)

@@ -22,6 +22,7 @@ from tests.conftest import engine_env, run_engine, start_engine, wait_for
 from tests.ddp_engine.launch.test_launcher import assert_no_process_left, events, metrics
 
 SCRIPTS = Path(__file__).parent / "scripts"
+TEARDOWN_ABORT = "terminate called without an active exception"
 STOPS = ("socket", "sigterm", "ctrl-c")
 """``ddp_engine stop RUN_DIR`` (as the app's Stop), SIGTERM to the launcher (scancel, docker
 stop, systemd), SIGINT to the launcher's whole process group (Ctrl+C in its terminal)."""
@@ -32,9 +33,15 @@ def torchrun(script: Path, *args: str, nproc: int = 2, cwd: Path | None = None,
     """``python -m torch.distributed.run --nproc-per-node N SCRIPT ARGS`` on CPU, as a user runs
     it without Rankscope; it must succeed."""
     env = {**engine_env(), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", str(nproc), str(script), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node", str(nproc), str(script), *args],
+                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        # torch 2.13's gloo sometimes aborts a rank that destroys its group while another rank
+        # still works (a rank-0 epilogue): plain torchrun's own flake, seen in CI, not ours.
+        # Only this reference run is tried again, never the run under Rankscope.
+        if proc.returncode == 0 or TEARDOWN_ABORT not in proc.stdout + proc.stderr:
+            break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 

@@ -30,8 +30,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.rank.device_sampler import DeviceSampler
-from ddp_engine.rank.distributed import DistInfo, StopFlag, rank_places
+from ddp_engine.rank.distributed import DistInfo, StopFlag
 from ddp_engine.rank.logged import LoggedScalars
+from ddp_engine.rank.places import rank_places
 from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.reports import REPORT_FIELDS, Interval
 from ddp_engine.rank.script_patches import (

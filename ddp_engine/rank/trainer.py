@@ -23,13 +23,14 @@ from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.rank import checkpoint
 from ddp_engine.rank.data import DataBundle, build_datasets, make_loader
 from ddp_engine.rank.device_sampler import DeviceSampler
-from ddp_engine.rank.distributed import DistContext, StopFlag, rank_places
+from ddp_engine.rank.distributed import DistContext, StopFlag
 from ddp_engine.rank.evaluation import validation_metrics
 from ddp_engine.rank.flops import count_step_flops, flops_event_fields
 from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.losses import build_loss
 from ddp_engine.rank.lr_schedule import LrSchedule
 from ddp_engine.rank.models import build_model
+from ddp_engine.rank.places import rank_places
 from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.reports import (
     DEVICE_KEYS,

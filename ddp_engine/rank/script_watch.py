@@ -83,6 +83,8 @@ class ScriptWatch:
         self.sampler: DeviceSampler | None = None
         # Weakly: a stage the script left (its DDP, its optimizer) is freed as under torchrun.
         self._ddps: list[weakref.ref[DDP]] = []
+        self._forward_hooks: weakref.WeakKeyDictionary[DDP, list[Any]] = \
+            weakref.WeakKeyDictionary()
         self.steps = StepCounter()
         self.on_stop_fns: list[Callable[[], Any]] = []
         self.uses_should_stop = False
@@ -94,6 +96,9 @@ class ScriptWatch:
         self._idle_since: float | None = None
         self._forward_stamp: Any = None
         self._opt_stamp: Any = None
+        self._opt_owner: torch.optim.Optimizer | None = None  # whose step is being timed
+        self._held: tuple[torch.Tensor | None, int, Any] | None = None
+        """A pending step's loss, samples and timing record."""
         self._in_opt = False
         self._opt_loss_seen = False  # inside an optimizer's closure: the first loss counts
         self._in_backward = False
@@ -168,12 +173,24 @@ class ScriptWatch:
         self.sync_missing = None if self.cfg.telemetry else "telemetry is off"
         if self.cfg.telemetry and self.timer is None:
             self.timer = StepTimer(self.device, divide=True)  # the script's loss is not divided
+        self._forward_hooks[module] = self._watch_forward(module)
+
+    def compiled(self, wrapper: torch.nn.Module, module: DDP) -> None:
+        """``torch.compile(module)``: its forward is watched from the compiled wrapper, whose
+        hooks run outside dynamo (traced, ours would be frames of their own: a graph break
+        more per forward than under plain torchrun)."""
+        for handle in self._forward_hooks.pop(module, []):
+            handle.remove()
+        self._watch_forward(wrapper)
+
+    def _watch_forward(self, module: torch.nn.Module) -> list[Any]:
         g = self.guard
-        module.register_forward_pre_hook(
-            lambda m, a, k: None if compiling() else g.run("forward", self._before_forward,
-                                                            a, k), with_kwargs=True)
-        module.register_forward_hook(
-            lambda m, a, o: None if compiling() else g.run("forward", self._after_forward))
+        return [module.register_forward_pre_hook(
+                    lambda m, a, k: None if compiling() else g.run(
+                        "forward", self._before_forward, a, k), with_kwargs=True),
+                module.register_forward_hook(
+                    lambda m, a, o: None if compiling() else g.run(
+                        "forward", self._after_forward))]
 
     def script_hook(self, module: DDP, hook: Callable[..., Any]) -> Callable[..., Any] | None:
         """The script registers a comm hook of its own: timed (once per module)."""
@@ -269,52 +286,81 @@ class ScriptWatch:
         self._forward_stamp = None
 
     def before_opt_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.steps.counts(optimizer):
-            self._in_opt, self._opt_loss_seen = True, False
+        if self.steps.before(optimizer):
+            self._close_pending()  # the counting optimizer again: its last step ends first
+        if self._opt_owner is None:  # an optimizer's time (not one nested in another's)
+            self._opt_owner, self._in_opt, self._opt_loss_seen = optimizer, True, False
             self._phase("optimizer")
             self._opt_stamp = self.timer.stamp() if self.timer is not None else None
 
     def after_opt_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self.steps.stepped(optimizer):
-            return
-        self._in_opt = False
-        if self.timer is not None and self._opt_stamp is not None:
-            self.timer.phase("optimizer", self._opt_stamp, self.timer.stamp())
-        self._opt_stamp = None
-        self._end_step()
+        self._stepped(optimizer, skipped=False)
 
     def scaler_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
         self.steps.scaler_begins(optimizer)
+        if self.steps.before(optimizer):
+            self._close_pending()
 
     def scaler_step_ended(self, optimizer: torch.optim.Optimizer) -> None:
         """``scaler.step(optimizer)`` returned: if the optimizer did not step (inf gradients),
         the iteration still ends, as a skipped step whose loss is not kept."""
-        if not self.steps.scaler_skipped(optimizer):
+        if self.steps.scaler_skipped(optimizer):
+            self._stepped(optimizer, skipped=True)
+
+    def _stepped(self, optimizer: torch.optim.Optimizer, skipped: bool) -> None:
+        if self._opt_owner is optimizer:
+            self._opt_owner, self._in_opt = None, False
+            if self.timer is not None and self._opt_stamp is not None:
+                self.timer.phase("optimizer", self._opt_stamp, self.timer.stamp())
+            self._opt_stamp = None
+        counting = self.steps.is_counter(optimizer)
+        ended = self.steps.stepped(optimizer, skipped)
+        if skipped and counting:
+            if self.steps.skipped_in_row < SCALER_SKIPS_DIVERGED:
+                self._loss = None  # a skipped step's loss (often inf) is not the next one's
+            elif self.steps.skipped_in_row == SCALER_SKIPS_DIVERGED:
+                self._loss = torch.tensor(math.inf)  # the run's non-finite-loss policy decides
+                log.warning("the GradScaler skipped %d steps in a row: the loss is taken as "
+                            "non-finite", SCALER_SKIPS_DIVERGED)
+        if ended:
+            if self._held is not None:  # the counting optimizer's step, then this one's
+                loss, samples, record = self._held
+                self._held = None
+                if loss is not None:
+                    self._loss = loss if self._loss is None else loss + self._loss
+                self._samples += samples
+                if record is not None and self.timer is not None:
+                    self.timer.merge(record)
+            self._end_step()
+        elif self.steps.pending and counting:  # the step may end at another optimizer's step
+            self._held = (self._loss, self._samples,
+                          self.timer.hold() if self.timer is not None else None)
+            self._loss, self._samples = None, 0
+
+    def _close_pending(self) -> None:
+        """The pending step ends now, as it was at its counting optimizer's step; what came
+        after is the next step's."""
+        if self._held is None:
             return
-        self._in_opt = False
-        if self.steps.skipped_in_row < SCALER_SKIPS_DIVERGED:
-            self._loss = None  # a skipped step's loss (often inf) is not the next one's
-        elif self.steps.skipped_in_row == SCALER_SKIPS_DIVERGED:
-            self._loss = torch.tensor(math.inf)  # the run's non-finite-loss policy decides
-            log.warning("the GradScaler skipped %d steps in a row: the loss is taken as "
-                        "non-finite", SCALER_SKIPS_DIVERGED)
-        self._end_step()
+        after = (self._loss, self._samples)
+        self._loss, self._samples, record = self._held
+        self._held = None
+        self._end_step(record)
+        self._loss, self._samples = after
 
     # ------------------------------------------------------------------------- steps
     def shadow_step(self) -> None:
         """Out of data inside DDP's Join: one of the other ranks' steps, without training."""
+        if self.steps.end_pending():
+            self._close_pending()
         self._end_step()
 
-    def _end_step(self) -> None:
+    def _end_step(self, record: Any = None) -> None:
         """A step ended (the counting optimizer's, a skipped one, or a should_stop() call in a
         loop without one): count it, and take part in the agreed-stop round when one is due."""
         if self.outcome is not None or "steps" in self.guard.off:
             return
-        if self.timer is not None:
-            self.timer.end_step()
-        self.step += 1
-        self._interval.add(self._loss, self._samples)
-        self._loss, self._samples = None, 0
+        self._count_step(record)
         last = self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
         self._phase("stop_check")
         stopping = False
@@ -328,6 +374,14 @@ class ScriptWatch:
         self._phase("data")
         if stopping or last:
             self._end("stopped" if stopping else "completed")
+
+    def _count_step(self, record: Any = None) -> None:
+        """One step more: its loss, samples and timing (``record``: a held one)."""
+        if self.timer is not None:
+            self.timer.end_step(record)
+        self.step += 1
+        self._interval.add(self._loss, self._samples)
+        self._loss, self._samples = None, 0
 
     def _agreeing(self) -> bool:
         """Whether the ranks can agree (a side group, or one rank alone): a script that
@@ -391,6 +445,10 @@ class ScriptWatch:
         if self._finished:
             return
         self._finished = True
+        if self.steps.end_pending() and self._held is not None and "steps" not in self.guard.off:
+            self._loss, self._samples, record = self._held  # the script's last step: no round
+            self._held = None
+            self._count_step(record)
         if self._agreeing() and (self.step or self.group is not None):
             row = self._row() if self._interval.steps and not self.reporter.poisoned else None
             post_final(self, row)
@@ -425,7 +483,9 @@ class ScriptWatch:
 
     def should_stop(self) -> bool:
         self.uses_should_stop = True
-        if not self.steps.started and self.outcome is None:
+        if self.steps.end_pending() and self.outcome is None:
+            self._close_pending()  # the loop's iteration ends here
+        elif not self.steps.started and self.outcome is None:
             self._end_step()  # a loop without optimizer steps: each call ends a step
         return self.outcome is not None
 

@@ -131,10 +131,32 @@ class StepTimer:
         timed.__qualname__ = getattr(hook, "__qualname__", timed.__name__)
         return timed
 
-    def end_step(self) -> None:
+    def end_step(self, held: "_Step | None" = None) -> None:  # noqa: UP037
+        """The step ends: the current record, or a ``held`` one (then the current one goes on,
+        for the next step)."""
         with self._lock:
-            self._pending.append(self._current)
-            self._current = _Step()
+            if held is not None:
+                self._pending.append(held)
+            else:
+                self._pending.append(self._current)
+                self._current = _Step()
+
+    def hold(self) -> "_Step":  # noqa: UP037
+        """The current record, set aside (a step whose end is not known yet); a new one
+        starts. It ends with :meth:`end_step` or goes back with :meth:`merge`."""
+        with self._lock:
+            held, self._current = self._current, _Step()
+        return held
+
+    def merge(self, held: "_Step") -> None:  # noqa: UP037
+        """A held record belongs to the current step after all."""
+        with self._lock:
+            cur = self._current
+            cur.phases[:0] = held.phases
+            cur.buckets[:0] = held.buckets
+            cur.backward_end = cur.backward_end if cur.backward_end is not None \
+                else held.backward_end
+            cur.data_wait_s += held.data_wait_s
 
     # ------------------------------------------------------------------------------ reading
     def collect(self) -> dict[str, float | None]:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 import torch.optim.optimizer as optim_hooks
+from torch._dynamo.eval_frame import OptimizedModule
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
@@ -105,6 +106,7 @@ class TorchPatches:
         self._patch(dist, "destroy_process_group", self._destroy)
         self._patch(torch.autograd, "backward", self._backward)
         self._patch(DDP, "__init__", self._ddp_init)
+        self._patch(OptimizedModule, "__init__", self._compiled_init)
         self._patch(DDP, "register_comm_hook", self._register_hook)
         self._patch(DDP, "_register_builtin_comm_hook", self._builtin_hook)
         self._patch(torch.amp.GradScaler, "scale", self._scale)
@@ -181,6 +183,16 @@ class TorchPatches:
         def __init__(ddp: DDP, /, *args: Any, **kwargs: Any) -> None:  # noqa: N807
             original(ddp, *args, **kwargs)
             self.guard.run("forward", self.watch.adopt, ddp)
+        return __init__
+
+    def _compiled_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        # torch.compile(DDP(model)): the watch's forward hooks go on the compiled wrapper,
+        # whose hooks run outside dynamo: none of ours is traced (no graph break of ours).
+        def __init__(opt: OptimizedModule, mod: torch.nn.Module, *args: Any,  # noqa: N807
+                     **kwargs: Any) -> None:
+            original(opt, mod, *args, **kwargs)
+            if isinstance(mod, DDP):
+                self.guard.run("forward", self.watch.compiled, opt, mod)
         return __init__
 
     def _register_hook(self, original: Callable[..., Any]) -> Callable[..., Any]:

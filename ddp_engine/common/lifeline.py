@@ -33,6 +33,12 @@ def asked_by_signal(node: int | None) -> str:
            "launcher"
 
 
+def named_signal(reason: str, name: str | None) -> str:
+    """A stop reason with the launcher's own signal named (``SIGTERM to the launcher``), where
+    ``name`` is the signal that launcher got."""
+    return reason.replace(ASKED_BY_SIGNAL, f"{name} to") if name else reason
+
+
 def signal_name(signum: int) -> str:
     """``SIGTERM``, or ``SIGRTMIN+5`` for a real-time signal (not a :class:`signal.Signals`)."""
     try:

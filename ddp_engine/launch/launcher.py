@@ -32,7 +32,7 @@ from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
 from ddp_engine.common.flight_recorder import read_dumps, verdict
 from ddp_engine.common.heartbeat import failure_hint, read_heartbeats
-from ddp_engine.common.lifeline import ASKED_BY_SIGNAL
+from ddp_engine.common.lifeline import named_signal
 from ddp_engine.common.processes import terminate_then_kill
 from ddp_engine.common.protocol import MONITOR_FILE
 from ddp_engine.common.reasons import error_reason, one_line
@@ -173,6 +173,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     monitor.shutdown = ShutdownClock(plan.cfg.shutdown_timeout_s, monitor.say)
     monitor.stop_signalled = lambda: signals.agent_signals > 0
     monitor.stop_requests = signals.poll_once
+    monitor.asked_signal = lambda: signals.asked.name if signals.asked else None
     monitor.start()
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -241,8 +242,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
             why = (monitor.stop_reason or next((d["reason"] for d in ranks.values()
                                                 if d.get("reason")), None)
                    or f"signal {stop_signal}")
-            if signals.asked is not None:  # this launcher's own signal: named
-                why = why.replace(ASKED_BY_SIGNAL, f"{signals.asked.name} to")
+            why = named_signal(why, signals.asked.name if signals.asked else None)
             final = {"state": "stopped", "reason": f"stop requested ({why}); all ranks stopped "
                      f"at step {step}", **({"stop_signal": stop_signal} if signalled else {})}
             code = EXIT_OK

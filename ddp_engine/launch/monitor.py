@@ -21,6 +21,7 @@ from ddp_engine.common.heartbeat import (
     read_heartbeats,
     stall_text,
 )
+from ddp_engine.common.lifeline import named_signal
 from ddp_engine.common.run_dir import (
     FINAL_STATES,
     STATUS_FILE,
@@ -111,6 +112,8 @@ class RunMonitor(threading.Thread):
         self.stop_requests: Callable[[dict[int, dict[str, Any]], dict[int, psutil.Process],
                                       Callable[[], dict[int, dict[str, Any]]]], None] | None
         self.stop_requests = None
+        self.asked_signal: Callable[[], str | None] = lambda: None
+        """The signal this node's launcher got and turned into a stop request, if one did."""
         """Called each poll with this node's rank files, the run's processes and a heartbeat
         reader: the launcher's stop request goes to ranks as they start (see
         :class:`~ddp_engine.launch.signals.LauncherSignals`)."""
@@ -252,9 +255,10 @@ class RunMonitor(threading.Thread):
         elif kind == "warning":  # a loss spike, a non-finite loss, a dropped viewer
             self._print(f"warning: {msg.get('message')}")
         elif kind == "stopping":
-            self.stop_reason = msg.get("reason")
+            reason = msg.get("reason")
+            self.stop_reason = named_signal(reason, self.asked_signal()) if reason else reason
             self.status.update(state="stopping", step=msg.get("step"))
-            self._print(f"stopping at step {msg.get('step')} ({msg.get('reason')}); all ranks "
+            self._print(f"stopping at step {msg.get('step')} ({self.stop_reason}); all ranks "
                         "agreed")
 
     def _progress(self, msg: dict[str, Any]) -> None:

@@ -211,6 +211,9 @@ def test_ctrl_c_stops_a_script_at_one_step_as_a_built_in_run(tmp_path: Path) -> 
     assert {d["reason"] for d in ranks.values()} == {"a stop signal to the launcher"}
     assert read_status(run_dir)["reason"] == (f"stop requested (SIGINT to the launcher); all "
                                               f"ranks stopped at step {step}")
+    # The live line names the signal too, as it happens.
+    assert f"stopping at step {step} (SIGINT to the launcher)" in \
+        (tmp_path / "out.log").read_text()
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
     assert_no_process_left(run_dir)
 

@@ -66,7 +66,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     target = os.environ.get(ENV)
     if not target or not _RESULTS:
         return
-    Path(target).write_text(render(CASES, _RESULTS), encoding="utf-8")
+    path = Path(target)
+    kept = kept_sections(path.read_text(encoding="utf-8")) if path.exists() else ""
+    path.write_text(render(CASES, _RESULTS) + kept, encoding="utf-8")
+
+
+def kept_sections(doc: str) -> str:
+    """What follows the generated table's cases line (sections written from other runs, such
+    as the soak's): kept as it is when the table is written again."""
+    marker = doc.find("<!-- cases: ")
+    end = doc.find("\n", marker) if marker >= 0 else -1
+    return doc[end + 1:] if end >= 0 else ""
 
 
 def render(cases: dict[str, dict[str, str]], results: dict[str, dict[str, Any]]) -> str:

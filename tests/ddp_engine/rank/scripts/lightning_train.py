@@ -51,6 +51,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--samples", type=int, default=256)
+    p.add_argument("--accelerator", default="cpu")
+    p.add_argument("--devices", type=int, default=2)
     args = p.parse_args()
 
     pl.seed_everything(0)
@@ -59,7 +61,8 @@ def main() -> None:
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
     model = Regressor(lr=0.02)
     losses = StepLosses()
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs,
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices, strategy="ddp",
+                         max_epochs=args.epochs,
                          accumulate_grad_batches=args.accumulate, callbacks=[losses],
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, deterministic=True)

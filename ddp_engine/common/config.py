@@ -39,6 +39,7 @@ from ddp_engine.common.config_values import (
     PATH_DATASETS,
     PLUGIN_RE,
     PRECISIONS,
+    SYNC_TIMINGS,
     ConfigError,
     check_at_least,
     check_choice,
@@ -164,9 +165,15 @@ class RunConfig:
                                "checked every 0.5 s, down to every step", 10)
     """How often ranks agree on whether to stop. The default equals log_every's, so that on
     short steps one round every 10 steps carries both the stop and the reports."""
-    telemetry: bool = _f("per-rank timing (comm hook), device sampling and the live server",
+    telemetry: bool = _f("per-rank timing, device sampling and the live server",
                          True)
     """Measure and serve live telemetry; off leaves only loss and throughput in metrics.jsonl."""
+    sync_timing: str = _f("where gradient-sync timing comes from: reducer (DDP's own timers, "
+                          "sampled once per report; nothing per step) or hook (Rankscope's "
+                          "comm hook: every step, every bucket)", "reducer")
+    """``reducer``: ddp_engine/rank/reducer_timing.py; ``hook``: the timing comm hook of
+    ddp_engine/rank/sync_timing.py, on every step (a torch without the reducer's timers
+    falls back to it, and says so)."""
     monitor_port: int = _f("TCP port of rank 0's telemetry server on 127.0.0.1 (0: a free one)",
                            0)
     """Port of the live telemetry server."""
@@ -257,6 +264,7 @@ class RunConfig:
             self._check_script()
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("nonfinite_loss", self.nonfinite_loss, NONFINITE_POLICIES)
+        check_choice("sync_timing", self.sync_timing, SYNC_TIMINGS)
         check_choice("device", self.device, DEVICES)
         if self.gpus is not None:
             if not self.gpus:

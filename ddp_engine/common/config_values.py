@@ -23,6 +23,8 @@ BUILTIN_LOSSES: tuple[str, ...] = ("cross_entropy", "mse")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES: tuple[str, ...] = ("stop", "warn")
+SYNC_TIMINGS: tuple[str, ...] = ("reducer", "hook")
+"""Where gradient-sync timing comes from: DDP's reducer timers, or Rankscope's comm hook."""
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine", "linear", "step")
 BUILTIN_LOOP_ONLY: tuple[str, ...] = (

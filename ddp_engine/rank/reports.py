@@ -51,10 +51,12 @@ class Interval:
         self.steps += 1
         self.samples += samples
 
-    def take(self) -> dict[str, float]:
+    def take(self, end: float | None = None) -> dict[str, float]:
+        """The report since the last one, up to ``end`` (a ``perf_counter`` time: a step that
+        ended earlier than it was counted), else now; the next interval starts there."""
         total = torch.stack(self.losses).float().sum().item() if self.losses else math.nan
         loss = total / max(self.loss_steps, 1)
-        now = time.perf_counter()
+        now = time.perf_counter() if end is None else end
         elapsed = max(now - self.start, 1e-9)
         out = {"loss": loss, "samples_per_s": self.samples / elapsed,
                "step_time_s": elapsed / max(self.steps, 1),

@@ -33,6 +33,7 @@ from ddp_engine.rank.device_sampler import DeviceSampler
 from ddp_engine.rank.distributed import DistInfo, StopFlag
 from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.places import rank_places
+from ddp_engine.rank.reducer_timing import ReducerTiming, sync_source
 from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.reports import REPORT_FIELDS, Interval
 from ddp_engine.rank.script_patches import (
@@ -80,6 +81,10 @@ class ScriptWatch:
         """"completed" or "stopped" once every rank agreed to end (max_steps or a stop)."""
         self.device = torch.device("cpu")
         self.timer: StepTimer | None = None
+        source, self.sync_note = sync_source(cfg.sync_timing)
+        self.reducer_timing = (ReducerTiming(cfg.log_every)
+                               if cfg.telemetry and source == "reducer" else None)
+        """Sync timing from the latest DDP module's reducer timers (else the timing hook)."""
         self.sampler: DeviceSampler | None = None
         # Weakly: a stage the script left (its DDP, its optimizer) is freed as under torchrun.
         self._ddps: list[weakref.ref[DDP]] = []
@@ -97,8 +102,10 @@ class ScriptWatch:
         self._forward_stamp: Any = None
         self._opt_stamp: Any = None
         self._opt_owner: torch.optim.Optimizer | None = None  # whose step is being timed
-        self._held: tuple[torch.Tensor | None, int, Any] | None = None
-        """A pending step's loss, samples and timing record."""
+        self._held: tuple[torch.Tensor | None, int, Any, float] | None = None
+        """A pending step's loss, samples, timing record and end (its counting optimizer's
+        step, by ``perf_counter``)."""
+        self._step_end: float | None = None  # a pending step's end, while it is counted
         self._in_opt = False
         self._opt_loss_seen = False  # inside an optimizer's closure: the first loss counts
         self._in_backward = False
@@ -156,7 +163,11 @@ class ScriptWatch:
                             backend=backend, start_step=0, source="script",
                             script=self.cfg.script,
                             nnodes=len({p.get("node") for p in places}),
-                            hosts=sorted({str(p.get("host")) for p in places}))
+                            hosts=sorted({str(p.get("host")) for p in places}),
+                            sync_timing=None if not self.cfg.telemetry else
+                            "reducer" if self.reducer_timing is not None else "hook")
+        if self.sync_note is not None and self.cfg.telemetry:
+            self.reporter.event("warning", step=0, cause="sync_timing", message=self.sync_note)
         if self.cfg.telemetry and self.sampler is None:
             on_cuda = self.device.type == "cuda"
             uuid = (f"GPU-{torch.cuda.get_device_properties(self.device).uuid}" if on_cuda
@@ -173,6 +184,8 @@ class ScriptWatch:
         self.sync_missing = None if self.cfg.telemetry else "telemetry is off"
         if self.cfg.telemetry and self.timer is None:
             self.timer = StepTimer(self.device, divide=True)  # the script's loss is not divided
+        if self.reducer_timing is not None:
+            self.guard.run("sync", self.reducer_timing.watch, module)
         self._forward_hooks[module] = self._watch_forward(module)
 
     def compiled(self, wrapper: torch.nn.Module, module: DDP) -> None:
@@ -193,8 +206,9 @@ class ScriptWatch:
                         "forward", self._after_forward))]
 
     def script_hook(self, module: DDP, hook: Callable[..., Any]) -> Callable[..., Any] | None:
-        """The script registers a comm hook of its own: timed (once per module)."""
-        if self.timer is None or id(module) in self._hooked:
+        """The script registers a comm hook of its own: timed (once per module; by the
+        reducer's timers, whatever the hook, unless ``--sync-timing hook``)."""
+        if self.timer is None or self.reducer_timing is not None or id(module) in self._hooked:
             return None
         self._hooked.add(id(module))
         self.sync_missing = None
@@ -202,6 +216,8 @@ class ScriptWatch:
 
     def builtin_hook(self, module: DDP, comm_hook_type: Any) -> None:
         self._hooked.add(id(module))
+        if self.reducer_timing is not None:
+            return  # the reducer's timers time a built-in hook as any other
         self.sync_missing = (f"the script registered DDP's built-in comm hook "
                              f"{getattr(comm_hook_type, 'name', comm_hook_type)}, "
                              "which cannot be timed from Python")
@@ -210,7 +226,8 @@ class ScriptWatch:
         """Before a backward: our timing hook on the latest DDP module, over DDP's own group
         (a sub-group's DDP averages over that group), unless the script hooked it itself."""
         module = self.ddp
-        if module is None or self.timer is None or id(module) in self._hooked:
+        if module is None or self.timer is None or self.reducer_timing is not None or \
+                id(module) in self._hooked:
             return
         self._hooked.add(id(module))
         DDP.register_comm_hook(module, module.process_group, self.timer.hook)
@@ -324,7 +341,7 @@ class ScriptWatch:
                             "non-finite", SCALER_SKIPS_DIVERGED)
         if ended:
             if self._held is not None:  # the counting optimizer's step, then this one's
-                loss, samples, record = self._held
+                loss, samples, record, _ = self._held
                 self._held = None
                 if loss is not None:
                     self._loss = loss if self._loss is None else loss + self._loss
@@ -334,7 +351,8 @@ class ScriptWatch:
             self._end_step()
         elif self.steps.pending and counting:  # the step may end at another optimizer's step
             self._held = (self._loss, self._samples,
-                          self.timer.hold() if self.timer is not None else None)
+                          self.timer.hold() if self.timer is not None else None,
+                          time.perf_counter())
             self._loss, self._samples = None, 0
 
     def _close_pending(self) -> None:
@@ -343,9 +361,12 @@ class ScriptWatch:
         if self._held is None:
             return
         after = (self._loss, self._samples)
-        self._loss, self._samples, record = self._held
+        self._loss, self._samples, record, self._step_end = self._held
         self._held = None
-        self._end_step(record)
+        try:
+            self._end_step(record)
+        finally:
+            self._step_end = None
         self._loss, self._samples = after
 
     # ------------------------------------------------------------------------- steps
@@ -397,7 +418,7 @@ class ScriptWatch:
 
     def _make_row(self) -> list[float]:
         self._phase("report")  # the loss read waits for the device (on CUDA: its all-reduce)
-        values: dict[str, float | None] = dict(self._interval.take())  # the loss's .item():
+        values: dict[str, float | None] = dict(self._interval.take(self._step_end))  # .item():
         # a host-device sync point, on reporting steps only
         if self.heartbeat is not None:
             self.heartbeat.synced(self.step)
@@ -405,6 +426,8 @@ class ScriptWatch:
             values["samples_per_s"] = None  # no forward seen: the batch size is unknown
         if self.timer is not None:
             values.update(self.timer.collect())
+            if self.reducer_timing is not None:  # sync: DDP's own timers, one sample
+                values.update(self.guard.run("sync", self.reducer_timing.read) or {})
             if self.sync_missing or "sync" in self.guard.off:  # zeros would claim a sync
                 values.update(dict.fromkeys(SYNC_FIELDS))
         if self.sampler is not None:
@@ -446,7 +469,7 @@ class ScriptWatch:
             return
         self._finished = True
         if self.steps.end_pending() and self._held is not None and "steps" not in self.guard.off:
-            self._loss, self._samples, record = self._held  # the script's last step: no round
+            self._loss, self._samples, record, _ = self._held  # the script's last step: no round
             self._held = None
             self._count_step(record)
         if self._agreeing() and (self.step or self.group is not None):

@@ -31,6 +31,7 @@ from ddp_engine.rank.losses import build_loss
 from ddp_engine.rank.lr_schedule import LrSchedule
 from ddp_engine.rank.models import build_model
 from ddp_engine.rank.places import rank_places
+from ddp_engine.rank.reducer_timing import ReducerTiming, sync_source
 from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.reports import (
     DEVICE_KEYS,
@@ -97,13 +98,26 @@ class Trainer:
         self.model = DDP(model, device_ids=[self.device.index] if on_cuda else None,
                          find_unused_parameters=cfg.find_unused_parameters)
         torch.manual_seed(cfg.seed + self.rank)  # each rank its own dropout, augmentation, ...
-        # With the timing hook, the step divides its loss by the world size and the hook sums
-        # the buckets: the same mean gradient as DDP's all-reduce, without the extra pass over
-        # every gradient that a hook dividing each bucket costs (sync_timing's docstring).
+        # Sync timing from DDP's reducer timers (sampled once per report: nothing per step),
+        # or with --sync-timing hook from the timing hook: then the step divides its loss by
+        # the world size and the hook sums the buckets, the same mean gradient as DDP's
+        # all-reduce without the extra pass over every gradient that a hook dividing each
+        # bucket costs (sync_timing's docstring).
         self.timer = StepTimer(self.device, divide=False) if cfg.telemetry else None
-        self._loss_factor = 1.0 / self.world if self.timer is not None else 1.0
+        self.reducer_timing: ReducerTiming | None = None
+        self.sync_note: str | None = None
+        self._loss_factor = 1.0
         if self.timer is not None:
-            self.model.register_comm_hook(None, self.timer.hook)
+            source, self.sync_note = sync_source(cfg.sync_timing)
+            if source == "reducer":
+                self.reducer_timing = ReducerTiming(cfg.log_every)
+                self.reducer_timing.watch(self.model)
+            else:
+                self._loss_factor = 1.0 / self.world
+                self.model.register_comm_hook(None, self.timer.hook)
+        self.sync_timing = (None if self.timer is None
+                            else "reducer" if self.reducer_timing is not None else "hook")
+        """Where this run's sync timing comes from (run_start's ``sync_timing``)."""
         gpu_uuid = (f"GPU-{torch.cuda.get_device_properties(self.device).uuid}"
                     if on_cuda and cfg.telemetry else None)
         self.device_sampler = (DeviceSampler(self.device.type, ctx.info.local_rank, gpu_uuid)
@@ -185,7 +199,11 @@ class Trainer:
                          steps_per_epoch=self.steps_per_epoch, backend=self.ctx.backend,
                          start_step=self.pos.step,
                          nnodes=len({p.get("node") for p in self.places}),
-                         hosts=sorted({str(p.get("host")) for p in self.places}))
+                         hosts=sorted({str(p.get("host")) for p in self.places}),
+                         sync_timing=self.sync_timing)
+        if self.sync_note is not None:
+            self.reporter.event("warning", step=self.pos.step, cause="sync_timing",
+                                message=self.sync_note)
         if flops is not None:
             self.reporter.event("flops", **flops_event_fields(
                 flops, cfg.precision, self.device, cfg.batch_size, cfg.grad_accum, self.places))
@@ -346,6 +364,8 @@ class Trainer:
         # host-device sync point, on reporting steps only
         values.update(self.timer.collect() if self.timer is not None
                       else dict.fromkeys(TIMING_FIELDS))
+        if self.reducer_timing is not None:
+            values.update(self.reducer_timing.read())  # sync: DDP's own timers, one sample
         values.update(self.device_sampler.latest() if self.device_sampler is not None
                       else dict.fromkeys(DEVICE_KEYS))
         values["process_cpu_s"] = time.process_time()  # CPU work so far: what a cost costs

@@ -1,5 +1,6 @@
 """Run under torchrun (2 CPU ranks): our comm-hook sync time next to torch.profiler's all-reduce
-time and DDP's own logging data, for the same steps. Rank 0 prints one JSON line."""
+time and DDP's own reducer timers (ddp_engine.rank.reducer_timing, sampled every iteration and
+read after every step), for the same steps. Rank 0 prints one JSON line."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_engine.rank.reducer_timing import ReducerTiming
 from ddp_engine.rank.sync_timing import StepTimer
 
 
@@ -44,13 +46,20 @@ def main() -> None:
         opt.zero_grad()
         timer.end_step()
 
+    reducer = ReducerTiming(1)
+    reducer.watch(ddp)
     for _ in range(5):
         step()
     timer.collect()
+    reducer.read()
     steps = int(os.environ.get("PROBE_STEPS", "20"))
+    reducer_sync, reducer_exposed = [], []
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
+            read = reducer.read()  # the iteration before this step: DDP records at a forward
+            reducer_sync.append(read["sync_time_s"])
+            reducer_exposed.append(read["sync_exposed_s"])
     ours = timer.collect()
     spans = sorted((e.time_range.start / 1e6, e.time_range.end / 1e6) for e in prof.events()
                    if e.name == "gloo:all_reduce")
@@ -63,7 +72,10 @@ def main() -> None:
                           "profiler_s": names,
                           "ddp_avg_backward_comm_time_s":
                               logging_data.get("avg_backward_comm_time", 0) / 1e9,
-                          "ours_mean_sync_s": ours["sync_time_s"]}), flush=True)
+                          "ours_mean_sync_s": ours["sync_time_s"],
+                          "ours_mean_exposed_s": ours["sync_exposed_s"],
+                          "reducer_sync": reducer_sync,
+                          "reducer_exposed": reducer_exposed}), flush=True)
     dist.destroy_process_group()
     sys.exit(0)
 

@@ -26,14 +26,18 @@ from ddp_engine.rank.telemetry import Telemetry
 
 
 @pytest.fixture
-def watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptWatch]:
+def watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+          request: pytest.FixtureRequest) -> Iterator[ScriptWatch]:
+    """A watch in this process; ``--sync-timing`` from an indirect parameter (default
+    reducer)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(k, v)
-    cfg = RunConfig(script="train.py", log_every=5, run_dir=str(tmp_path))
+    cfg = RunConfig(script="train.py", log_every=5, run_dir=str(tmp_path),
+                    sync_timing=getattr(request, "param", "reducer"))
     stop = StopFlag(cfg.stop_check_every)
     telemetry = Telemetry(tmp_path, welcome_extra={}, on_stop=stop.request, port=None)
     w = ScriptWatch(cfg, DistInfo(0, 0, 1, 1), tmp_path, stop, telemetry, None)
@@ -92,14 +96,31 @@ def test_the_batch_is_counted_from_training_forwards_only(watch: ScriptWatch) ->
         with torch.no_grad():
             model(torch.randn(1000, 4))  # an evaluation pass
     assert watch._interval.samples == 48 and watch.step == 3
-    assert id(model) in watch._hooked  # the timing hook, at the first backward
+    # Sync is timed by DDP's own reducer timers: no comm hook of ours.
+    assert id(model) not in watch._hooked and watch.reducer_timing is not None
+    assert watch.reducer_timing.watching
     model(torch.randn(7, 4)).sum().backward()
     opt.step()
     opt.step()  # no backward between: a step without a loss
     (m,) = _metrics(watch)  # the report at step 5
     entry = m["ranks"][0]
-    assert entry["sync_time_s"] is not None and entry["sync_time_s"] >= 0
+    assert entry["sync_time_s"] is not None and entry["sync_time_s"] > 0
     assert entry["loss"] is not None  # the mean over the steps that had one
+
+
+@pytest.mark.parametrize("watch", ["hook"], indirect=True)
+def test_with_sync_timing_hook_the_timing_hook_goes_on_at_the_first_backward(
+        watch: ScriptWatch) -> None:
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert id(model) not in watch._hooked
+    for _ in range(5):
+        model(torch.randn(16, 4)).sum().backward()
+        opt.step()
+    assert id(model) in watch._hooked and watch.reducer_timing is None
+    (m,) = _metrics(watch)
+    assert m["ranks"][0]["sync_time_s"] > 0 and m["ranks"][0]["sync_buckets"] == 1
 
 
 def test_the_loss_is_read_in_the_report_phase(watch: ScriptWatch, tmp_path: Path) -> None:

@@ -55,11 +55,29 @@ def test_no_sync_skips_the_allreduce_on_non_final_micro_steps(ctx, tmp_path: Pat
     however many micro-steps are accumulated."""
     buckets = {}
     for accum in (1, 4):
-        trainer = _trainer(ctx, tmp_path, batch_size=4, grad_accum=accum)
+        trainer = _trainer(ctx, tmp_path, batch_size=4, grad_accum=accum, sync_timing="hook")
         assert trainer.timer is not None
         _one_step(trainer)
         buckets[accum] = trainer.timer.collect()["sync_buckets"]
     assert buckets[1] >= 1 and buckets[4] == buckets[1]
+
+
+def test_by_default_sync_is_timed_by_ddps_reducer_with_no_hook(ctx, tmp_path: Path) -> None:
+    """No comm hook; DDP's reducer timers give one all-reduce per step however many
+    micro-steps are accumulated (forward and backward stay timed around the calls)."""
+    for accum in (1, 4):
+        trainer = _trainer(ctx, tmp_path, batch_size=4, grad_accum=accum)
+        assert trainer.reducer_timing is not None and trainer.sync_timing == "reducer"
+        assert trainer._loss_factor == 1.0  # DDP's own all-reduce averages
+        trainer.sampler.set_epoch(0)
+        batches = iter(trainer.loader)
+        for _ in range(2):  # the reducer records a sampled iteration at the next forward
+            trainer._train_step(batches)
+        read = trainer.reducer_timing.read()
+        assert read["sync_time_s"] > 0 and read["sync_buckets"] >= 1, read
+        assert read["sync_exposed_s"] is not None and read["sync_exposed_s"] <= read["sync_time_s"]
+        assert "forward_s" not in read
+        assert trainer.reducer_timing.read()["sync_time_s"] is None  # no new sample yet
 
 
 def test_a_replacement_hook_counts_the_same(ctx, tmp_path: Path) -> None:

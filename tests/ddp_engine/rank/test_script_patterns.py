@@ -25,6 +25,7 @@ from tests.ddp_engine.rank.script_matrix import (
     assert_losses_match,
     assert_same_weights,
     assert_stopped_at_one_step,
+    assert_sync_timed,
     assert_sync_timed_or_explained,
     load_weights,
     logged_losses,
@@ -151,7 +152,19 @@ def test_ddp_over_a_sub_group_averages_over_that_group(tmp_path: Path, reference
     for rank in range(4):
         assert_losses_match(rank_losses(run_dir, rank),
                             logged_losses(out, f"losses-rank{rank}.json"))
-    assert_sync_timed_or_explained(run_dir)
+    assert_sync_timed(run_dir)  # DDP's reducer timers, over DDP's own group
+
+
+@pytest.mark.parametrize("hook", ["fp16-builtin", "fp16", "own"])
+def test_a_script_with_a_comm_hook_trains_as_under_torchrun_with_its_sync_timed(
+        tmp_path: Path, reference, hook: str) -> None:
+    """DDP's built-in C++ FP16_COMPRESS hook, torch's Python fp16 hook, a hook of the script's
+    own: the same weights and losses as under plain torchrun, and DDP's reducer timers time
+    the sync of every report (no hook of Rankscope's wraps or replaces the script's)."""
+    plain, out, run_dir = _watched(tmp_path, reference, "comm_hooks", "--hook", hook)
+    _same_run(plain, out, run_dir)
+    assert_sync_timed(run_dir)
+    assert events(run_dir, "run_start")[0]["sync_timing"] == "reducer"
 
 
 def test_staged_training_with_a_new_ddp_and_optimizer_is_watched_throughout(

@@ -70,7 +70,7 @@ def test_the_example_script_trains_watched_with_loss_steps_and_sync(tmp_path: Pa
         for m in ms:
             entry = m["ranks"][r]
             assert entry["step_time_s"] > 0 and entry["samples_per_s"] > 0
-            assert entry["sync_time_s"] > 0 and entry["sync_buckets"] >= 1  # our hook timed it
+            assert entry["sync_time_s"] > 0 and entry["sync_buckets"] >= 1  # DDP's timers
             assert entry["forward_s"] > 0 and entry["backward_s"] > 0
     assert ck.is_file()  # the script's own checkpoint, where it asked
     assert not events(run_dir, "unavailable")  # everything measured
@@ -146,20 +146,25 @@ def test_argv_cwd_and_name_are_what_torchrun_gives(tmp_path: Path) -> None:
     assert eval(argv) == [str(VARIANTS), "--steps", "2", "--write-cwd", str(seen)]
 
 
-@pytest.mark.parametrize("hook", ["python", "builtin"])
-def test_a_script_with_its_own_comm_hook_keeps_it(tmp_path: Path, hook: str) -> None:
-    """Its Python hook is wrapped and timed; DDP's built-in one cannot be, and the run says
-    why. Either way the script trains, and max_steps stops it (completed) at step 20."""
+@pytest.mark.parametrize(("hook", "timing"), [("python", "reducer"), ("builtin", "reducer"),
+                                              ("python", "hook"), ("builtin", "hook")])
+def test_a_script_with_its_own_comm_hook_keeps_it(tmp_path: Path, hook: str,
+                                                  timing: str) -> None:
+    """By default DDP's reducer timers time its sync whatever hook it has (a Python one, DDP's
+    built-in C++ ALLREDUCE). With ``--sync-timing hook`` its Python hook is wrapped and timed;
+    DDP's built-in one cannot be, and the run says why. Either way the script trains, and
+    max_steps stops it (completed) at step 20."""
     run_dir, proc = _launch(tmp_path, VARIANTS, "--steps", "1000", "--hook", hook,
-                            extra=("--max-steps", "20"))
+                            extra=("--max-steps", "20", "--sync-timing", timing))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert read_status(run_dir)["state"] == "completed"
     assert events(run_dir, "completed")[0]["step"] == 20
+    assert events(run_dir, "run_start")[0]["sync_timing"] == timing
     last = metrics(run_dir)[-1]
     assert last["step"] == 20
     sync = [r["sync_time_s"] for r in last["ranks"]]
-    if hook == "python":
-        assert all(s is not None and s > 0 for s in sync)
+    if hook == "python" or timing == "reducer":
+        assert all(s is not None and s > 0 for s in sync), sync
         assert not events(run_dir, "unavailable")
     else:
         assert sync == [None, None]

@@ -194,6 +194,8 @@ class RunInfo:
     last_eval: dict[str, Any] | None = None
     """The latest "eval" event: its step, val_loss and how long it took (eval_s)."""
     script: str | None = None  # the user's own script a script run trains (run_start's)
+    sync_timing: str | None = None
+    """Where the run's sync fields come from (run_start's): "reducer", "hook" or None."""
 
 
 class MetricStore:
@@ -404,6 +406,8 @@ class MetricStore:
             self.info.start_step = int(e.get("start_step") or 0)
             script = e.get("script")
             self.info.script = script if isinstance(script, str) and script else None
+            timing = e.get("sync_timing")
+            self.info.sync_timing = timing if timing in ("reducer", "hook") else None
         elif kind == "eval" and e.get("val_loss") is not None:
             self.val_loss.append(float(e.get("step", 0)), e["val_loss"])
             self.info.last_eval = e

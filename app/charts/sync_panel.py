@@ -20,6 +20,13 @@ from app.metric_store import MetricStore
 from ddp_engine.common.doctor_result import DoctorResult, busbw_factor
 
 
+SYNC_SOURCES = {
+    "reducer": "sync: DDP's own timers, one iteration sampled per report",
+    "hook": "sync: Rankscope's comm hook, every step (--sync-timing hook)",
+}
+"""The caption's last line: where the run's sync times come from (run_start's sync_timing)."""
+
+
 class SyncPanel(PairPanel):
     """Gradient all-reduce time and its exposed part per rank, their share of the step, and the
     step-time breakdown of the last interval (the caption, which goes with the sync chart)."""
@@ -65,7 +72,8 @@ class SyncPanel(PairPanel):
             lines = (self._rank_breakdown(store, rank, f"rank {rank}")
                      for rank in store.ranks())
             text = "\n".join(line for line in lines if line)
-        extra = [flops_text(store, self.flops.find(store)), self.bandwidth_text(store)]
+        extra = [flops_text(store, self.flops.find(store)), self.bandwidth_text(store),
+                 SYNC_SOURCES.get(store.info.sync_timing or "")]
         return "\n".join(line for line in (text, *extra) if line)
 
     def bandwidth_text(self, store: MetricStore) -> str | None:

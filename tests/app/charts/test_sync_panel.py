@@ -149,3 +149,21 @@ def test_the_latest_flops_event_counts_and_a_cleared_store_forgets_it(qtbot) -> 
     store.add({"type": "metrics", "time": 3.0, "step": 1, "ranks": rank_rows(2, 1)})
     panel.redraw_caption(store)
     assert "FLOP" not in panel.caption.text()
+
+
+@pytest.mark.parametrize(("timing", "says"), [
+    ("reducer", "sync: DDP's own timers, one iteration sampled per report"),
+    ("hook", "sync: Rankscope's comm hook, every step (--sync-timing hook)"),
+    (None, None),  # telemetry off, or a run from before issue 29: nothing claimed
+])
+def test_the_caption_says_where_the_sync_times_come_from(qtbot, timing, says) -> None:
+    rows = rank_rows(2, 10)
+    start = {"kind": "run_start", "total_steps": 100, "world_size": 2, "sync_timing": timing}
+    panel = SyncPanel()
+    qtbot.addWidget(panel)
+    panel.redraw_caption(_store(rows, start))
+    lines = panel.caption.text().splitlines()
+    if says is None:
+        assert not any(line.startswith("sync:") for line in lines)
+    else:
+        assert lines[-1] == says

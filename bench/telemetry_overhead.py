@@ -13,6 +13,8 @@ rank, SGD (lr 0.01, no momentum), 2 CPU ranks with gloo, OMP_NUM_THREADS=1 for e
   10 steps, agreed-stop rounds at most every 5); validation off (``eval_every 0``: the plain
   loop has none);
 - ``off``: the same with ``--no-telemetry``;
+- ``hook``: ``on`` with ``--sync-timing hook`` (sync timed by Rankscope's comm hook on every
+  step, the default before issue 29; ``on`` reads DDP's reducer timers once per report);
 - ``before``: ``on`` run from the checkout given with ``--base`` (the engine before a change).
 
 Each repetition runs every variant once, back to back, in a rotating order, so that the
@@ -68,6 +70,11 @@ SWEEP = (Workload(32, 16, 1600, 400), Workload(384, 64, 1000, 250), DEFAULT,
 gloo step gets here: the gradient all-reduce and the data loader alone take that long)."""
 
 
+VARIANT_FLAGS: dict[str, tuple[str, ...]] = {"on": (), "off": ("--no-telemetry",),
+                                             "hook": ("--sync-timing", "hook")}
+"""The engine's variants: launch flags beside the config."""
+
+
 def engine_run(repo: Path, config: Path, w: Workload, nproc: int, work: Path,
                *extra: str) -> float:
     run_dir = work / f"engine-{len(list(work.iterdir()))}"
@@ -106,8 +113,7 @@ def measure(w: Workload, variants: list[str], reps: int, nproc: int,
                     assert base is not None, "--base names the checkout to run as 'before'"
                     value = engine_run(base, config, w, nproc, work)
                 else:
-                    value = engine_run(REPO, config, w, nproc, work,
-                                       *(["--no-telemetry"] if name == "off" else []))
+                    value = engine_run(REPO, config, w, nproc, work, *VARIANT_FLAGS[name])
                 results[name].append(value)
                 print(f"  rep {rep + 1} {name:>6}: {value:10,.0f} samples/s "
                       f"({1000 * w.batch * nproc / value:.2f} ms/step)", flush=True)
@@ -129,6 +135,8 @@ def report(results: dict[str, list[float]]) -> None:
         pairs.append(("on", "before"))
     if "on" in results and "off" in results:
         pairs.append(("on", "off"))
+    if "on" in results and "hook" in results:
+        pairs.append(("on", "hook"))
     print("  ratio            paired median (min..max)   ratio of medians")
     for a, b in pairs:
         m, lo, hi = paired(results, a, b)
@@ -173,8 +181,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--variants", default=None,
-                        help="comma-separated, of plain, on, off, before (default: plain,on,off "
-                             "and before with --base)")
+                        help="comma-separated, of plain, on, off, hook, before (default: "
+                             "plain,on,off and before with --base)")
     parser.add_argument("--base", type=Path, help="a checkout whose engine runs as 'before'")
     parser.add_argument("--sweep", action="store_true", help="plain and on at 5 step times")
     parser.add_argument("--hidden", type=int, choices=[w.hidden for w in SWEEP],

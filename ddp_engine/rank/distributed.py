@@ -299,6 +299,19 @@ class StopFlag:
         self.handlers = {int(sig): signal.getsignal(sig) for sig in (
             signal.SIGTERM, signal.SIGINT, signal.SIGHUP, STOP_REQUEST_SIGNAL,
             PARENT_DEATH_SIGNAL)}
+        parent = os.getppid()
+
+        def watch_parent() -> None:
+            """The parent-death signal's handler runs only when the main thread runs Python:
+            not while it is blocked in C++ (a store wait, a collective with a dead peer, for
+            up to the group's timeout). This thread sees the launcher gone by itself and
+            starts the same stop, whose watchdog ends a rank that cannot take it."""
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_S)
+            orphaned(PARENT_DEATH_SIGNAL, None)
+
+        threading.Thread(target=watch_parent, name="rankscope-parent-watch",
+                         daemon=True).start()
 
     def _arm_watchdog(self, why: str, grace_s: float) -> None:
         """SIGKILL this rank ``grace_s`` from now unless it has exited (see
@@ -419,6 +432,10 @@ class StopFlag:
         dist.all_gather_object(reasons, self.reason if self._requested else None,
                                group=self._group)
         return next((r for r in reasons if r), fallback)
+
+
+PARENT_POLL_S = 1.0
+"""How often a rank's thread checks that its launcher (its parent) is alive."""
 
 
 def _give_up(why: str, grace_s: float) -> None:

@@ -158,3 +158,49 @@ def test_the_torch_floor_is_the_first_release_with_device_id() -> None:
     major, minor = (int(p) for p in floor.split(".")[:2])
     assert device_id_is_safe(f"{major}.{minor}.0")
     assert not device_id_is_safe(f"{major}.{minor - 1}.99")
+
+
+ORPHAN = """
+import datetime, os, subprocess, sys
+if sys.argv[1] == "parent":  # starts the rank, says its pid, then waits to be killed
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2], "rank", sys.argv[2]])
+    print(child.pid, flush=True)
+    child.wait()
+    sys.exit(0)
+from ddp_engine.common.lifeline import arm_parent_death
+arm_parent_death()
+from torch.distributed import TCPStore
+from ddp_engine.rank.distributed import StopFlag
+StopFlag(10).install_signal_handlers(grace_s=2)
+store = TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=600))
+store.wait(["never set"])  # blocked in C++: no Python signal handler runs until it returns
+"""
+
+
+def test_a_rank_blocked_in_a_c_call_still_dies_when_its_launcher_does(tmp_path: Path) -> None:
+    """The parent-death signal's Python handler cannot run while the rank's main thread is
+    blocked in C++ (a store wait, a collective with a dead peer: up to the group's timeout,
+    30 minutes by default); a thread of the rank sees the parent gone and the rank ends
+    itself after its grace period, instead of staying behind as an orphan."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.conftest import REPO, engine_env
+
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN, "parent", ORPHAN],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO, env=engine_env())
+    try:
+        rank = psutil.Process(int(parent.stdout.readline()))
+        time.sleep(3)  # the rank is in its store wait
+        assert rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE
+        parent.kill()
+        parent.wait()
+        gone, _ = psutil.wait_procs([rank], timeout=30)
+        assert gone, "the rank outlived its launcher by 30 s (grace 2 s)"
+    finally:
+        parent.kill()
+        for p in psutil.process_iter(["cmdline"]):
+            if "never set" in " ".join(p.info["cmdline"] or []):
+                p.kill()

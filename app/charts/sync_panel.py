@@ -19,7 +19,6 @@ from app.charts.panels import PairPanel
 from app.metric_store import MetricStore
 from ddp_engine.common.doctor_result import DoctorResult, busbw_factor
 
-
 SYNC_SOURCES = {
     "reducer": "sync: DDP's own timers, one iteration sampled per report",
     "hook": "sync: Rankscope's comm hook, every step (--sync-timing hook)",

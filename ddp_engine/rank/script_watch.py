@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.heartbeat import Heartbeat
+from ddp_engine.common.lifeline import signal_name
 from ddp_engine.rank.device_sampler import DeviceSampler
 from ddp_engine.rank.distributed import DistInfo, StopFlag
 from ddp_engine.rank.logged import LoggedScalars
@@ -238,8 +239,14 @@ class ScriptWatch:
         ours = self.stop.handlers.get(signum)
         if ours is None:
             return None
+        name = signal_name(int(signum))
         log.info("the script installed its own handler for %s: it runs after Rankscope's "
-                 "stop request", signum)
+                 "stop request", name)
+        if callable(handler):
+            self.reporter.event("warning", step=self.step, cause="signal_handler", signal=name,
+                                message=f"the script installed its own {name} handler: it runs "
+                                        "after Rankscope's agreed stop (signals reach the ranks "
+                                        "only when a stop has not ended in time)")
         return chain(ours, handler, signum)
 
     def before_backward(self, tensors: Any) -> tuple[Any] | None:

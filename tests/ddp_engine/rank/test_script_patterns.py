@@ -248,6 +248,8 @@ def test_a_script_with_its_own_sigterm_handler_trains_as_under_torchrun(tmp_path
     plain, out, run_dir = _watched(tmp_path, reference, "own_sigterm")
     _same_run(plain, out, run_dir)
     assert not (out / "preempted.pt").exists()
+    said = [e for e in events(run_dir, "warning") if e.get("cause") == "signal_handler"]
+    assert said and said[0]["signal"] == "SIGTERM", said  # chained, and said to the viewers
 
 
 def test_a_script_with_its_own_sigterm_handler_stops_at_one_step(tmp_path: Path) -> None:

@@ -154,26 +154,20 @@ class RunConfig:
     """Keep a step-numbered copy of every periodic checkpoint."""
     resume: str | None = _f("continue from this checkpoint (PATH to a .pt of ours)")
     """Checkpoint to resume from."""
-    eval_every: int = _f("evaluate on the validation set every N steps (0: at the end only)",
-                         100)
+    eval_every: int = _f("evaluate on validation data every N steps (0: at the end only)", 100)
     """Validation interval in steps when the dataset has a validation split."""
     log_every: int = _f("write metrics every N steps (the terminal prints the latest up to 4 "
                         "times a second)", 10)
     """Metrics interval in steps."""
-    stop_check_every: int = _f("at most N steps between agreed-stop checks (a tiny CPU "
-                               "all-gather that also carries the reports); slow steps are "
-                               "checked every 0.5 s, down to every step", 10)
+    stop_check_every: int = _f("at most N steps between agreed-stop checks (a CPU all-gather "
+                               "carrying the reports; slow steps: every 0.5 s)", 10)
     """How often ranks agree on whether to stop. The default equals log_every's, so that on
     short steps one round every 10 steps carries both the stop and the reports."""
-    telemetry: bool = _f("per-rank timing, device sampling and the live server",
-                         True)
+    telemetry: bool = _f("per-rank timing, device sampling and the live server", True)
     """Measure and serve live telemetry; off leaves only loss and throughput in metrics.jsonl."""
-    sync_timing: str = _f("where gradient-sync timing comes from: reducer (DDP's own timers, "
-                          "sampled once per report; nothing per step) or hook (Rankscope's "
-                          "comm hook: every step, every bucket)", "reducer")
-    """``reducer``: ddp_engine/rank/reducer_timing.py; ``hook``: the timing comm hook of
-    ddp_engine/rank/sync_timing.py, on every step (a torch without the reducer's timers
-    falls back to it, and says so)."""
+    sync_timing: str = _f("sync timing from reducer (DDP's own timers, one sample per report) "
+                          "or hook (a comm hook, every step)", "reducer")
+    """rank/reducer_timing.py, or rank/sync_timing.py's hook (also a torch's without timers)."""
     monitor_port: int = _f("TCP port of rank 0's telemetry server on 127.0.0.1 (0: a free one)",
                            0)
     """Port of the live telemetry server."""

@@ -97,6 +97,14 @@ class TorchPatches:
         self.watch = watch
         self.guard = guard
         self._undo: list[Callable[[], None]] = []
+        self.kept_groups: list[Any] = []
+        """The process group of every DDP module the script built, held until the rank lets
+        it go (:meth:`release_groups`). Else the script's DDP module holds its group's last
+        reference, and freeing the module (its Reducer, as the script's ``main`` returns)
+        destroys the group with the GIL held: a gloo worker thread still freeing its last
+        backward's all-reduce (whose thread-local state holds a Python object) waits for the
+        GIL while the destructor waits for that thread, and the rank hangs for good (torch
+        2.13; about one script run in four did on 2 CPU ranks)."""
 
     def install(self) -> None:
         w, g = self.watch, self.guard
@@ -124,6 +132,11 @@ class TorchPatches:
         for undo in reversed(self._undo):
             undo()
         self._undo = []
+
+    def release_groups(self) -> None:
+        """Let the kept process groups go, once the script's modules are gone: a group freed
+        from Python is destroyed with the GIL released (see :attr:`kept_groups`)."""
+        self.kept_groups = []
 
     def _patch(self, owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Any]) -> None:
         original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
@@ -182,6 +195,7 @@ class TorchPatches:
         # Positional-only: Lightning and Fabric call DistributedDataParallel(module=model).
         def __init__(ddp: DDP, /, *args: Any, **kwargs: Any) -> None:  # noqa: N807
             original(ddp, *args, **kwargs)
+            self.kept_groups.append(getattr(ddp, "process_group", None))
             self.guard.run("forward", self.watch.adopt, ddp)
         return __init__
 

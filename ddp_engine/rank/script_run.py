@@ -84,6 +84,8 @@ def run_script(cfg: RunConfig, stop: StopFlag) -> int:
         if watch is not None:
             watch.uninstall()
         gc.collect()  # the script's models (cycles included) go before their process group
+        if watch is not None:
+            watch.patches.release_groups()  # the last reference: destroyed without the GIL
         close_rank(heartbeat, telemetry)
     return 0
 

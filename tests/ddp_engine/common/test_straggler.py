@@ -197,7 +197,7 @@ def test_the_verdict_of_a_run_folder_reads_only_its_end(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_real_run_names_its_slower_rank_1_never_rank_0(tmp_path: Path) -> None:
-    """Two gloo ranks; rank 1's forward is 40% slower (tests/.../plugins/slow_rank.py). The
+    """Two gloo ranks; rank 1's forward takes twice as long (tests/.../plugins/slow_rank.py). The
     launcher's progress line, ``status`` and the run's reports name rank 1, with a slower
     compute; no line ever names rank 0."""
     run_dir = tmp_path / "run"

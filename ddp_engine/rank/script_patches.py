@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
 from ddp_engine.common.lifeline import signal_name
+from ddp_engine.rank.script_step_ends import shadow_step
 
 if TYPE_CHECKING:
     from ddp_engine.rank.script_watch import ScriptWatch
@@ -263,7 +264,7 @@ class _StepsJoinable(Joinable):
 
         class Shadow(JoinHook):
             def main_hook(self) -> None:
-                guard.run("steps", watch.shadow_step)
+                guard.run("steps", shadow_step, watch)
 
         return Shadow()
 

@@ -1,11 +1,13 @@
 """Watching a user's own training script from inside its rank, without changing it: the step
 accounting and reporting. Where the script meets torch is :mod:`script_patches`; which optimizer
-steps count, :mod:`script_steps`; its end, :mod:`script_stop`.
+steps count, :mod:`script_steps`; how a step ends and is reported, :mod:`script_step_ends`; the
+script's end, :mod:`script_stop`.
 
 - ``init_process_group``: the watch's CPU side group (agreed-stop rounds, reports), with the
   script's own timeout at the least, and the rank's device.
 - Every ``DistributedDataParallel`` (the latest is timed): the batch (samples/s), data wait,
-  and the timing comm hook over DDP's own group (or the script's own hook, timed).
+  and its gradient sync from DDP's own reducer timers (``--sync-timing hook``: the timing comm
+  hook over DDP's own group, or the script's own hook, timed).
 - ``torch.autograd.backward``: a one-element tensor passed to it is the loss (unscaled from a
   ``GradScaler``; inside an optimizer's closure, the first); each step ends with the round.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
 import socket
 import time
 import weakref
@@ -36,7 +37,7 @@ from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.places import rank_places
 from ddp_engine.rank.reducer_timing import ReducerTiming, sync_source
 from ddp_engine.rank.reporter import Reporter
-from ddp_engine.rank.reports import REPORT_FIELDS, Interval
+from ddp_engine.rank.reports import Interval
 from ddp_engine.rank.script_patches import (
     PARTS,
     Guard,
@@ -45,14 +46,20 @@ from ddp_engine.rank.script_patches import (
     compiling,
     first_batch_size,
 )
-from ddp_engine.rank.script_steps import SCALER_SKIPS_DIVERGED, StepCounter
+from ddp_engine.rank.script_step_ends import (
+    agreeing,
+    close_pending,
+    count_step,
+    end_step,
+    report_row,
+    stepped,
+)
+from ddp_engine.rank.script_steps import StepCounter
 from ddp_engine.rank.script_stop import ScriptStopped, post_final, save_at_stop
 from ddp_engine.rank.sync_timing import StepTimer
 from ddp_engine.rank.telemetry import Telemetry
 
 log = logging.getLogger("ddp_engine.rank.script_watch")
-
-SYNC_FIELDS = ("sync_time_s", "sync_exposed_s", "sync_bytes", "sync_buckets")
 
 
 class ScriptWatch:
@@ -311,152 +318,35 @@ class ScriptWatch:
 
     def before_opt_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.steps.before(optimizer):
-            self._close_pending()  # the counting optimizer again: its last step ends first
+            close_pending(self)  # the counting optimizer again: its last step ends first
         if self._opt_owner is None:  # an optimizer's time (not one nested in another's)
             self._opt_owner, self._in_opt, self._opt_loss_seen = optimizer, True, False
             self._phase("optimizer")
             self._opt_stamp = self.timer.stamp() if self.timer is not None else None
 
     def after_opt_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._stepped(optimizer, skipped=False)
+        stepped(self, optimizer, skipped=False)
 
     def scaler_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
         self.steps.scaler_begins(optimizer)
         if self.steps.before(optimizer):
-            self._close_pending()
+            close_pending(self)
 
     def scaler_step_ended(self, optimizer: torch.optim.Optimizer) -> None:
         """``scaler.step(optimizer)`` returned: if the optimizer did not step (inf gradients),
         the iteration still ends, as a skipped step whose loss is not kept."""
         if self.steps.scaler_skipped(optimizer):
-            self._stepped(optimizer, skipped=True)
-
-    def _stepped(self, optimizer: torch.optim.Optimizer, skipped: bool) -> None:
-        if self._opt_owner is optimizer:
-            self._opt_owner, self._in_opt = None, False
-            if self.timer is not None and self._opt_stamp is not None:
-                self.timer.phase("optimizer", self._opt_stamp, self.timer.stamp())
-            self._opt_stamp = None
-        counting = self.steps.is_counter(optimizer)
-        ended = self.steps.stepped(optimizer, skipped)
-        if skipped and counting:
-            if self.steps.skipped_in_row < SCALER_SKIPS_DIVERGED:
-                self._loss = None  # a skipped step's loss (often inf) is not the next one's
-            elif self.steps.skipped_in_row == SCALER_SKIPS_DIVERGED:
-                self._loss = torch.tensor(math.inf)  # the run's non-finite-loss policy decides
-                log.warning("the GradScaler skipped %d steps in a row: the loss is taken as "
-                            "non-finite", SCALER_SKIPS_DIVERGED)
-        if ended:
-            if self._held is not None:  # the counting optimizer's step, then this one's
-                loss, samples, record, _ = self._held
-                self._held = None
-                if loss is not None:
-                    self._loss = loss if self._loss is None else loss + self._loss
-                self._samples += samples
-                if record is not None and self.timer is not None:
-                    self.timer.merge(record)
-            self._end_step()
-        elif self.steps.pending and counting:  # the step may end at another optimizer's step
-            self._held = (self._loss, self._samples,
-                          self.timer.hold() if self.timer is not None else None,
-                          time.perf_counter())
-            self._loss, self._samples = None, 0
-
-    def _close_pending(self) -> None:
-        """The pending step ends now, as it was at its counting optimizer's step; what came
-        after is the next step's."""
-        if self._held is None:
-            return
-        after = (self._loss, self._samples)
-        self._loss, self._samples, record, self._step_end = self._held
-        self._held = None
-        try:
-            self._end_step(record)
-        finally:
-            self._step_end = None
-        self._loss, self._samples = after
-
-    # ------------------------------------------------------------------------- steps
-    def shadow_step(self) -> None:
-        """Out of data inside DDP's Join: one of the other ranks' steps, without training."""
-        if self.steps.end_pending():
-            self._close_pending()
-        self._end_step()
-
-    def _end_step(self, record: Any = None) -> None:
-        """A step ended (the counting optimizer's, a skipped one, or a should_stop() call in a
-        loop without one): count it, and take part in the agreed-stop round when one is due."""
-        if self.outcome is not None or "steps" in self.guard.off:
-            return
-        self._count_step(record)
-        last = self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
-        self._phase("stop_check")
-        stopping = False
-        if self._agreeing():
-            due = self.step % self.cfg.log_every == 0 or last
-            rounds = self.stop.after_step(self.step, self._row if due else None, flush=last)
-            stopping = self.reporter.publish(rounds, self.step, self.epoch) or self.stop.stopping
-            if due:
-                self._say_unavailable()
-        self._idle_since = time.perf_counter()
-        self._phase("data")
-        if stopping or last:
-            self._end("stopped" if stopping else "completed")
-
-    def _count_step(self, record: Any = None) -> None:
-        """One step more: its loss, samples and timing (``record``: a held one)."""
-        if self.timer is not None:
-            self.timer.end_step(record)
-        self.step += 1
-        self._interval.add(self._loss, self._samples)
-        self._loss, self._samples = None, 0
-
-    def _agreeing(self) -> bool:
-        """Whether the ranks can agree (a side group, or one rank alone): a script that
-        never calls init_process_group in a run of several ranks cannot be stopped at an
-        agreed step (torchrun's signals still end it)."""
-        return self.group is not None or self.info.world_size == 1
-
-    def _row(self) -> list[float]:
-        """This rank's report since the last one, as the round's row (reporting steps only);
-        all NaN if making it failed (the rows must keep their shape on every rank)."""
-        row = self.guard.run("steps", self._make_row)
-        return row if row is not None else [math.nan] * len(REPORT_FIELDS)
-
-    def _make_row(self) -> list[float]:
-        self._phase("report")  # the loss read waits for the device (on CUDA: its all-reduce)
-        values: dict[str, float | None] = dict(self._interval.take(self._step_end))  # .item():
-        # a host-device sync point, on reporting steps only
-        if self.heartbeat is not None:
-            self.heartbeat.synced(self.step)
-        if self.ddp is None:
-            values["samples_per_s"] = None  # no forward seen: the batch size is unknown
-        if self.timer is not None:
-            values.update(self.timer.collect())
-            if self.reducer_timing is not None:  # sync: DDP's own timers, one sample
-                values.update(self.guard.run("sync", self.reducer_timing.read) or {})
-            if self.sync_missing or "sync" in self.guard.off:  # zeros would claim a sync
-                values.update(dict.fromkeys(SYNC_FIELDS))
-        if self.sampler is not None:
-            values.update(self.sampler.latest())
-        values["skipped_steps"] = float(self.steps.take_skipped())
-        values["process_cpu_s"] = time.process_time()
-        values["logged_keys"] = self.logged.take(self.step)
-        values["local_rank"] = self.info.local_rank
-        values["on_cuda"] = 1.0 if self.device.type == "cuda" else 0.0
-        row = self.reporter.row(self.step, self.epoch, values)
-        self._phase("stop_check")  # the round that carries it
-        return row
+            stepped(self, optimizer, skipped=True)
 
     def _end(self, outcome: str) -> None:
         """Every rank agreed to end after this step: the last report, the checkpoint, and
         (unless the script watches should_stop()) out of the script."""
         self.outcome = outcome
         self._finished = True
-        if self._agreeing():  # every rank is here, after the same step: collectives are safe
+        if agreeing(self):  # every rank is here, after the same step: collectives are safe
             rounds = [r for r in [self.stop.settle()] if r is not None]
             if self._interval.steps and not self.reporter.poisoned:
-                rounds.append(self.stop.gather(self.step, self._row()))
+                rounds.append(self.stop.gather(self.step, report_row(self)))
             self.reporter.publish(rounds, self.step, self.epoch)
             self._say_unavailable()
         if outcome == "stopped":
@@ -478,9 +368,9 @@ class ScriptWatch:
         if self.steps.end_pending() and self._held is not None and "steps" not in self.guard.off:
             self._loss, self._samples, record, _ = self._held  # the script's last step: no round
             self._held = None
-            self._count_step(record)
-        if self._agreeing() and (self.step or self.group is not None):
-            row = self._row() if self._interval.steps and not self.reporter.poisoned else None
+            count_step(self, record)
+        if agreeing(self) and (self.step or self.group is not None):
+            row = report_row(self) if self._interval.steps and not self.reporter.poisoned else None
             post_final(self, row)
 
     def _say_unavailable(self) -> None:
@@ -514,9 +404,9 @@ class ScriptWatch:
     def should_stop(self) -> bool:
         self.uses_should_stop = True
         if self.steps.end_pending() and self.outcome is None:
-            self._close_pending()  # the loop's iteration ends here
+            close_pending(self)  # the loop's iteration ends here
         elif not self.steps.started and self.outcome is None:
-            self._end_step()  # a loop without optimizer steps: each call ends a step
+            end_step(self)  # a loop without optimizer steps: each call ends a step
         return self.outcome is not None
 
     def _phase(self, phase: str) -> None:

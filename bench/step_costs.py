@@ -9,19 +9,15 @@ the blocks and its cost against ``plain``, in microseconds per step. Alternating
 well under a second inside one run shares the machine's noise far better than separate runs.
 
 - ``plain``: the standard step on its own DDP model (data, forward, backward, SGD step);
-- ``step``: the engine's ``Trainer._train_step`` with telemetry off (no hook, no timing);
-- ``timed``: the same with telemetry on (the timing comm hook, the phase stamps, the
-  heartbeat's phase updates; the device sampler and heartbeat threads run);
-- ``timed-div``: ``timed`` with the hook as it was before 2026-12-04's change: the hook divides
-  every gradient bucket by the world size (a pass over all gradients) instead of the step
-  dividing its loss;
+- ``step``: the engine's ``Trainer._train_step`` with telemetry off (no timing);
+- ``nohb``: the same with telemetry on but no heartbeat (the step timer's stamps, the
+  reducer's sampled timers; the device sampler thread runs);
+- ``timed``: ``nohb`` plus the heartbeat's phase updates, as in a run;
+- ``hook``: ``timed`` with ``--sync-timing hook`` (Rankscope's comm hook on every step);
 - ``+rounds``: ``timed`` plus the agreed-stop rounds as the engine runs them by default (an
   asynchronous all-gather every 10 steps, read a round later);
-- ``+rounds5``: the same with rounds every 5 steps (the default before 2026-12-04);
 - ``+reports``: ``+rounds`` plus a report every 10 steps (loss, timing, device readings,
-  gathered in the rounds, published by rank 0 to metrics.jsonl through the telemetry thread);
-- ``sync-rounds``: ``timed`` plus the agreed-stop check as before issue 16: a synchronous
-  all-reduce every 5 steps that the step waits for.
+  gathered in the rounds, published by rank 0 to metrics.jsonl through the telemetry thread).
 """
 
 from __future__ import annotations
@@ -37,10 +33,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = ("plain", "step", "timed", "timed-div", "+rounds", "+rounds5", "+reports",
-            "sync-rounds")
-PAIRS = (("timed-div", "timed"), ("+rounds5", "+rounds"))
-"""The 2026-12-04 changes, each against what it replaced."""
+VARIANTS = ("plain", "step", "nohb", "timed", "hook", "+rounds", "+reports")
+PAIRS = (("step", "plain"), ("nohb", "step"), ("timed", "nohb"), ("hook", "timed"),
+         ("+rounds", "timed"), ("+reports", "+rounds"))
+"""Each piece against the variant without it."""
 
 
 def launch(args: argparse.Namespace) -> None:
@@ -56,15 +52,18 @@ def launch(args: argparse.Namespace) -> None:
     print(f"mlp 256-{args.hidden}-{args.hidden}-10, batch 64/rank, SGD, 2 CPU ranks (gloo); "
           f"{args.blocks} blocks of {args.block_steps} steps per variant, rotating")
     base = result["plain"]
-    print("variant        median ms/step   cost vs plain, us/step   as a share of plain")
+    cpu = got["cpu"]
+    print("variant        median ms/step   cost vs plain, us/step   as a share of plain"
+          "   main thread's CPU, ms/step (vs plain, us)")
     for name in VARIANTS:
         v = result[name]
         print(f"  {name:<12} {1000 * v:10.3f}       {1e6 * (v - base):+10.0f}              "
-              f"{(v - base) / base:+7.1%}")
-    print("side by side, block by block (the same block of the run): before - now")
-    for before, now in PAIRS:
-        diffs = [a - b for a, b in zip(blocks[before], blocks[now], strict=True)]
-        print(f"  {before:<10} - {now:<8} median {1e6 * statistics.median(diffs):+6.0f} us/step, "
+              f"{(v - base) / base:+7.1%}      {1000 * cpu[name]:8.3f} "
+              f"({1e6 * (cpu[name] - cpu['plain']):+5.0f})")
+    print("side by side, block by block (the same block of the run): with - without")
+    for more, less in PAIRS:
+        diffs = [a - b for a, b in zip(blocks[more], blocks[less], strict=True)]
+        print(f"  {more:<10} - {less:<8} median {1e6 * statistics.median(diffs):+6.0f} us/step, "
               f"{sum(d > 0 for d in diffs)}/{len(diffs)} blocks slower")
 
 
@@ -97,19 +96,17 @@ def rank_side(args: argparse.Namespace) -> None:
     heartbeat = Heartbeat(work, rank)
     heartbeat.start()
     stop_flag = StopFlag(cfg.stop_check_every, ctx.side_group)  # the default: 10
-    every5 = StopFlag(5, ctx.side_group)
     untimed = Trainer(RunConfig(**{**cfg.to_dict(), "telemetry": False}), ctx, work,
-                      StopFlag(5, ctx.side_group))
+                      StopFlag(10, ctx.side_group))
     timed = Trainer(cfg, ctx, work, stop_flag, telemetry, heartbeat)
-    timed_div = Trainer(cfg, ctx, work, StopFlag(5, ctx.side_group), None, heartbeat)
-    assert timed_div.timer is not None
-    timed_div.timer.divide, timed_div._loss_factor = True, 1.0  # the hook divides, as before
-    assert timed.device_sampler is not None
+    nohb = Trainer(cfg, ctx, work, StopFlag(10, ctx.side_group))
+    hooked = Trainer(RunConfig(**{**cfg.to_dict(), "sync_timing": "hook"}), ctx, work,
+                     StopFlag(10, ctx.side_group), None, heartbeat)
+    assert timed.device_sampler is not None and timed.reducer_timing is not None
     timed.device_sampler.start()  # as in a run: the rank's device readings at 2 Hz
     torch.manual_seed(cfg.seed)
     plain_model = DDP(build_model(cfg, untimed.data.info))
     plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.01)
-    flag = torch.zeros(2, dtype=torch.float64)
     interval = Interval()
     step = {"n": 0}
 
@@ -117,7 +114,7 @@ def rank_side(args: argparse.Namespace) -> None:
         while True:
             yield from trainer.loader
 
-    feeds = {id(t): batches(t) for t in (untimed, timed, timed_div)}
+    feeds = {id(t): batches(t) for t in (untimed, timed, nohb, hooked)}
     plain_feed = batches(untimed)
 
     def plain_step() -> None:
@@ -127,54 +124,52 @@ def rank_side(args: argparse.Namespace) -> None:
         plain_opt.step()
         plain_opt.zero_grad(set_to_none=True)
 
-    def engine_step(trainer: Trainer, rounds: str, reports: bool,
-                    flags: StopFlag = stop_flag) -> None:
+    def engine_step(trainer: Trainer, rounds: bool = False, reports: bool = False) -> None:
         loss = trainer._train_step(feeds[id(trainer)])
         step["n"] += 1
         n = step["n"]
         interval.add(loss, 64)
-        if rounds == "async":
+        if rounds:
             trainer.pos.step = n
             trainer._phase("stop_check")
-            got = flags.after_step(
-                n, (lambda: trainer._row(interval)) if reports and n % 10 == 0 else None)
-            trainer._publish(got)
-        elif rounds == "sync" and n % 5 == 0:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.side_group)
+            got = stop_flag.after_step(
+                n, (lambda: trainer._report(interval)) if reports and n % 10 == 0 else None)
+            trainer.reporter.publish(got, n, 0)
 
     runs = {
         "plain": plain_step,
-        "step": lambda: engine_step(untimed, "", False),
-        "timed": lambda: engine_step(timed, "", False),
-        "timed-div": lambda: engine_step(timed_div, "", False),
-        "+rounds": lambda: engine_step(timed, "async", False),
-        "+rounds5": lambda: engine_step(timed, "async", False, every5),
-        "+reports": lambda: engine_step(timed, "async", True),
-        "sync-rounds": lambda: engine_step(timed, "sync", False),
+        "step": lambda: engine_step(untimed),
+        "nohb": lambda: engine_step(nohb),
+        "timed": lambda: engine_step(timed),
+        "hook": lambda: engine_step(hooked),
+        "+rounds": lambda: engine_step(timed, rounds=True),
+        "+reports": lambda: engine_step(timed, rounds=True, reports=True),
     }
     per_step: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}  # the main thread's CPU time
     for _ in range(5):  # warm-up: DDP rebuilds its buckets after the first iterations
         for name in VARIANTS:
             runs[name]()
-    for flags in (stop_flag, every5):  # nothing left pending between blocks
-        flags.after_step(step["n"] + 1, flush=True)
+    stop_flag.after_step(step["n"] + 1, flush=True)  # nothing left pending between blocks
     for block in range(args.blocks):
         k = block % len(VARIANTS)
         for name in VARIANTS[k:] + VARIANTS[:k]:
             step["n"] = -(-step["n"] // 10) * 10  # blocks start on a round boundary
             dist.barrier(group=ctx.side_group)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(args.block_steps):
                 runs[name]()
             per_step[name].append((time.perf_counter() - t0) / args.block_steps)
-            for flags in (stop_flag, every5):
-                flags.settle()  # read what the block left, outside its time
-                # the next block's rounds pace themselves on its own steps, not on the gap
-                flags._next, flags._last = None, (0, 0.0)
+            cpu[name].append((time.thread_time() - c0) / args.block_steps)
+            stop_flag.settle()  # read what the block left, outside its time
+            # the next block's rounds pace themselves on its own steps, not on the gap
+            stop_flag._next, stop_flag._last = None, (0, 0.0)
     if rank == 0:
         Path(args.out).write_text(json.dumps({"median": {k: statistics.median(v)
                                                          for k, v in per_step.items()},
-                                              "blocks": per_step}))
+                                              "blocks": per_step,
+                                              "cpu": {k: statistics.median(v)
+                                                      for k, v in cpu.items()}}))
     heartbeat.close()
     if telemetry is not None:
         telemetry.close()

@@ -15,7 +15,9 @@ rank, SGD (lr 0.01, no momentum), 2 CPU ranks with gloo, OMP_NUM_THREADS=1 for e
 - ``off``: the same with ``--no-telemetry``;
 - ``hook``: ``on`` with ``--sync-timing hook`` (sync timed by Rankscope's comm hook on every
   step, the default before issue 29; ``on`` reads DDP's reducer timers once per report);
-- ``before``: ``on`` run from the checkout given with ``--base`` (the engine before a change).
+- ``before``: ``on`` run from the checkout given with ``--base`` (the engine before a change);
+- ``again``: ``plain`` run a second time in the same repetition (an A/A check: how far apart
+  two runs of the same loop land, and whether either side of a pair is favoured).
 
 Each repetition runs every variant once, back to back, in a rotating order, so that the
 machine's noise hits them alike. Each ratio is taken within a repetition (paired) and reported
@@ -25,7 +27,8 @@ loop measures the same steps itself.
 
 ``--sweep`` repeats ``plain`` against ``on`` at other step times (model width and batch: about
 3, 5, 9, 20 and 100 ms per step here; a fixed per-step cost shows most at short steps) and, with
-``--png``, plots the ratio against the step time.
+``--png``, plots the ratio against the step time; ``--old FILE`` draws an earlier sweep's points
+beside it (a JSON list of ``{"step_ms", "median"}``, as bench/results/ keeps them).
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def measure(w: Workload, variants: list[str], reps: int, nproc: int,
         for rep in range(reps):
             k = rep % len(variants)
             for name in variants[k:] + variants[:k]:
-                if name == "plain":
+                if name in ("plain", "again"):
                     value = plain_run(config, w, nproc)
                 elif name == "before":
                     assert base is not None, "--base names the checkout to run as 'before'"
@@ -137,6 +140,10 @@ def report(results: dict[str, list[float]]) -> None:
         pairs.append(("on", "off"))
     if "on" in results and "hook" in results:
         pairs.append(("on", "hook"))
+    if "again" in results:  # the A/A pair: which side of a pair the order favours, if any
+        print(f"  A/A: plain's second run faster in "
+              f"{sum(a > b for a, b in zip(results['again'], results['plain'], strict=True))}"
+              f" of {len(results['plain'])} repetitions")
     print("  ratio            paired median (min..max)   ratio of medians")
     for a, b in pairs:
         m, lo, hi = paired(results, a, b)
@@ -144,9 +151,11 @@ def report(results: dict[str, list[float]]) -> None:
               f"{med[a] / med[b]:.3f}")
 
 
-def plot(points: list[dict[str, float]], path: Path) -> None:
-    """The paired ratio on/plain against the plain loop's step time, with its range; drawn
-    with the app's own Chart and saved as PNG."""
+def plot(points: list[dict[str, float]], path: Path,
+         old: tuple[str, list[dict[str, float]]] | None = None) -> None:
+    """The paired ratio on/plain against the plain loop's step time, with its range, and an
+    earlier sweep's medians (``old``: its label and points) beside it; drawn with the app's own
+    Chart and saved as PNG."""
     import numpy as np
     import pyqtgraph as pg
     from PySide6.QtCore import Qt
@@ -162,17 +171,28 @@ def plot(points: list[dict[str, float]], path: Path) -> None:
     x = np.log10([p["step_ms"] for p in points])
     chart.getAxis("bottom").setTicks([[(float(v), f"{p['step_ms']:.1f}")
                                        for v, p in zip(x, points, strict=True)], []])
-    chart.set_data("paired median", x, np.array([p["median"] for p in points]), color(0),
+    lows = [p["min"] for p in points]
+    if old is not None:
+        label, was = old
+        ox = np.log10([p["step_ms"] for p in was])
+        chart.set_data(label, ox, np.array([p["median"] for p in was]), color(3),
+                       symbol="t")
+        lows += [p["median"] for p in was]
+        span = np.concatenate([x, ox])
+    else:
+        span = x
+    chart.set_data("now: paired median", x, np.array([p["median"] for p in points]), color(0),
                    symbol="o")
     chart.set_data("min", x, np.array([p["min"] for p in points]), color(1), dashed=True)
     chart.set_data("max", x, np.array([p["max"] for p in points]), color(2), dashed=True)
-    for level, what in ((1.0, "no cost"), (0.97, "target 0.97")):
-        chart.addItem(pg.InfiniteLine(level, angle=0, label=what,
-                                      labelOpts={"position": 0.1, "color": "#555"},
+    for level, what, at in ((1.0, "no cost", 0.75), (0.99, "", 0.0),
+                            (0.98, "targets: 0.98 at 5 ms, 0.99 from 10 ms", 0.75)):
+        chart.addItem(pg.InfiniteLine(level, angle=0, label=what or None,
+                                      labelOpts={"position": at, "color": "#555"},
                                       pen=pg.mkPen("#555", style=Qt.PenStyle.DashLine)))
-    chart.setXRange(float(x.min()) - 0.1, float(x.max()) + 0.1, padding=0)
-    chart.setYRange(min(0.8, min(p["min"] for p in points) - 0.02),
-                    max(1.1, max(p["max"] for p in points) + 0.02), padding=0)
+    chart.setXRange(float(span.min()) - 0.1, float(span.max()) + 0.1, padding=0)
+    chart.setYRange(min(0.8, min(lows) - 0.02),
+                    max(1.2, max(p["max"] for p in points) + 0.12), padding=0)  # the legend
     save_chart(app, chart, path)
 
 
@@ -181,7 +201,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--variants", default=None,
-                        help="comma-separated, of plain, on, off, hook, before (default: "
+                        help="comma-separated, of plain, on, off, hook, before, again (default: "
                              "plain,on,off and before with --base)")
     parser.add_argument("--base", type=Path, help="a checkout whose engine runs as 'before'")
     parser.add_argument("--sweep", action="store_true", help="plain and on at 5 step times")
@@ -189,6 +209,10 @@ def main() -> None:
                         help="one of the sweep's workloads instead of the default (by width)")
     parser.add_argument("--png", type=Path, help="with --sweep: plot the ratios here")
     parser.add_argument("--json", type=Path, help="write the raw results here")
+    parser.add_argument("--replot", type=Path, help="draw --png from a --json file of an "
+                        "earlier sweep instead of measuring")
+    parser.add_argument("--old", type=Path, help="with --png: an earlier sweep's points "
+                        "(JSON: {\"label\": ..., \"points\": [{\"step_ms\", \"median\"}]})")
     args = parser.parse_args()
     variants = (args.variants.split(",") if args.variants
                 else ["plain", "on", "off"] + (["before"] if args.base else []))
@@ -199,6 +223,13 @@ def main() -> None:
     print(f"{args.nproc} CPU ranks (gloo), OMP_NUM_THREADS=1, {args.reps} repetitions, "
           f"{os.cpu_count()} cores; variants {', '.join(variants)}")
     raw, points = [], []
+    if args.replot:
+        workloads = ()
+        for got in json.loads(args.replot.read_text()):
+            w = Workload(**got["workload"])
+            m, lo, hi = paired(got["results"], "on", "plain")
+            step_ms = 1000 * w.batch * args.nproc / statistics.median(got["results"]["plain"])
+            points.append({"step_ms": step_ms, "median": m, "min": lo, "max": hi})
     for w in workloads:
         print(f"mlp 256-{w.hidden}-{w.hidden}-10, batch {w.batch}/rank, SGD, steps "
               f"{w.warmup}..{w.steps}", flush=True)
@@ -209,13 +240,14 @@ def main() -> None:
             m, lo, hi = paired(results, "on", "plain")
             step_ms = 1000 * w.batch * args.nproc / statistics.median(results["plain"])
             points.append({"step_ms": step_ms, "median": m, "min": lo, "max": hi})
-    if args.sweep:
+    if args.sweep or args.replot:
         print("\nstep time (plain)   on / plain, paired median (min..max)")
         for p in points:
             print(f"  {p['step_ms']:7.1f} ms        {p['median']:.3f} ({p['min']:.3f}.."
                   f"{p['max']:.3f})")
         if args.png:
-            plot(points, args.png)
+            old = json.loads(args.old.read_text()) if args.old else None
+            plot(points, args.png, (old["label"], old["points"]) if old else None)
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
 

@@ -7,11 +7,13 @@ docs/GPU.md.
 In order: the environment's facts; real runs on one GPU with nccl in fp32, bf16 and fp16 (the
 gradient scaler), each with the model FLOPs utilization (MFU) it shows; the resume of the fp32
 run's CUDA checkpoint; the sync timing of the comm hook's CUDA events against torch.profiler's
-communication kernel time (within 10%); the launcher SIGKILLed mid-run with no process and no
-GPU memory left; NVML's fields present and plausible, and each run's GPU identity matching
-NVML; a user's own script unchanged (examples/ddp_train.py, a Lightning script) under plain
-torchrun and under Rankscope, compared, and stopped (bench/gpu_check_scripts.py); ``doctor``;
-every test marked cuda; the monitoring-overhead benchmark on the machine's quieter cores.
+communication kernel time, and that of DDP's reducer timers (the default) against each step's
+span of communication kernels (each within 10%); the launcher SIGKILLed mid-run with no process
+and no GPU memory left; NVML's fields present and plausible, and each run's GPU identity
+matching NVML; a user's own script unchanged (examples/ddp_train.py, a Lightning script) under
+plain torchrun and under Rankscope, compared, and stopped (bench/gpu_check_scripts.py);
+``doctor``; every test marked cuda; the monitoring-overhead benchmark on the machine's quieter
+cores.
 
 It needs only a Python with torch (nvidia-ml-py, psutil and pytest as well): no virtual
 environment, no network, no Qt (the Qt tests are left out when PySide6 is absent). Each part
@@ -67,6 +69,8 @@ PARTS: tuple[Part, ...] = (
     Part("resume", "resume of the fp32 run's CUDA checkpoint", runs.resume, 150),
     Part("sync-timing", "comm hook's CUDA events vs torch.profiler's kernel time",
          tools.sync_timing, 120),
+    Part("sync-reducer", "DDP's reducer timers vs each step's NCCL kernel span",
+         tools.sync_timing_reducer, 120),
     Part("launcher-sigkill", "launcher SIGKILLed: no process, no GPU memory left",
          runs.launcher_sigkill, 180, 60),
     Part("flight-recorder", "NCCL's flight recorder: a real dump, read back",
@@ -185,6 +189,10 @@ def key_numbers(records: list[Record]) -> list[str]:
         s = n["sync-timing"]
         out.append(f"- sync time by CUDA events / by profiler kernels: {s['ratio']:.3f} "
                    f"({s['events_ms']:.2f} / {s['kernel_ms']:.2f} ms)")
+    if n.get("sync-reducer"):
+        s = n["sync-reducer"]
+        out.append(f"- sync time by DDP's reducer timers / by the steps' kernel spans: "
+                   f"{s['ratio']:.3f} ({s['reducer_ms']:.2f} / {s['span_ms']:.2f} ms)")
     if n.get("doctor"):
         out.append(f"- doctor: best algbw {n['doctor']['best_algbw_gbs'] or 0:.1f} GB/s, "
                    f"best busbw {n['doctor']['best_busbw_gbs'] or 0:.1f} GB/s")

@@ -137,34 +137,70 @@ def _junit(path: Any) -> tuple[dict[str, int], list[str], list[str]]:
     return counts, failed, skipped
 
 
-def sync_timing(ctx: Ctx) -> Outcome:
-    """The comm hook's CUDA-event sync time against torch.profiler's kernel time of NCCL's
-    all-reduce kernels (bench/gpu_sync_check.py), within 10%."""
-    ctx.need_cuda()
-    log = ctx.work / "sync-check.log"
-    argv = [ctx.python, str(REPO / "bench" / "gpu_sync_check.py"), "--device", ctx.device]
+def _sync_check(ctx: Ctx, source: str) -> dict[str, Any]:
+    """bench/gpu_sync_check.py's JSON line for ``--source source``; Skip where it has no
+    communication kernel to compare (the CPU rehearsal)."""
+    log = ctx.work / f"sync-check-{source}.log"
+    argv = [ctx.python, str(REPO / "bench" / "gpu_sync_check.py"), "--device", ctx.device,
+            "--source", source]
     rc = run_command(ctx, argv, log, marker="gpu_sync_check.py")
     lines = [x for x in tail_lines(log, 200) if x.startswith('{"device"')]
     if rc != 0 or not lines:
         raise Fail(f"bench/gpu_sync_check.py exited with {rc}", tail_lines(log, 20))
-    r = json.loads(lines[-1])
-    shape = (f"{r['buckets_per_step']:.0f} buckets of {r['bucket_mib']:,.0f} MiB per step, "
-             f"{r['steps']} steps, {r['backend']} with 1 rank")
+    r: dict[str, Any] = json.loads(lines[-1])
+    r["shape"] = (f"{r['buckets_per_step'] or 0:.0f} buckets of {r['bucket_mib']:,.0f} MiB "
+                  f"per step, {r['steps']} steps, {r['backend']} with 1 rank")
     if r["kernel_ms"] is None:
         others = r["other_stream_kernels"]
         if ctx.cuda and not r["kernels_seen"]:
             raise Fail("torch.profiler recorded no CUDA kernel at all (no CUPTI here?)")
         if ctx.cuda and others:
             raise Fail(f"no kernel named nccl or onerank, but on other streams: {others}")
-        raise Skip(f"no communication kernel to compare ({shape}; events "
-                   f"{r['events_ms']:.2f} ms){'' if ctx.cuda else ': CPU rehearsal'}")
-    ratio = r["events_ms"] / r["kernel_ms"]
-    words = (f"events {r['events_ms']:.2f} ms vs profiler {r['kernel_ms']:.2f} ms "
-             f"(ratio {ratio:.3f}) over {shape}; kernels {r['kernels']}")
+        ours = r.get("events_ms", r.get("reducer_ms"))
+        sampled = (f", {r['sampled_steps']}/{r['steps']} steps sampled"
+                   if "sampled_steps" in r else "")
+        raise Skip(f"no communication kernel to compare ({r['shape']}; timed "
+                   f"{ours:.2f} ms{sampled}){'' if ctx.cuda else ': CPU rehearsal'}")
+    return r
+
+
+def _within(ours: float, theirs: float, words: str) -> float:
+    ratio = ours / theirs
     if abs(ratio - 1) > 0.10:
-        raise Fail(words + ": more than 10% apart")
-    return Outcome(words, {"events_ms": r["events_ms"], "kernel_ms": r["kernel_ms"],
-                           "ratio": ratio})
+        raise Fail(words + f" (ratio {ratio:.3f}): more than 10% apart")
+    return ratio
+
+
+def sync_timing(ctx: Ctx) -> Outcome:
+    """The comm hook's CUDA-event sync time against torch.profiler's kernel time of NCCL's
+    all-reduce kernels (bench/gpu_sync_check.py), within 10%."""
+    ctx.need_cuda()
+    r = _sync_check(ctx, "hook")
+    words = (f"events {r['events_ms']:.2f} ms vs profiler {r['kernel_ms']:.2f} ms over "
+             f"{r['shape']}; kernels {r['kernels']}")
+    ratio = _within(r["events_ms"], r["kernel_ms"], words)
+    return Outcome(f"{words} (ratio {ratio:.3f})",
+                   {"events_ms": r["events_ms"], "kernel_ms": r["kernel_ms"], "ratio": ratio})
+
+
+def sync_timing_reducer(ctx: Ctx) -> Outcome:
+    """DDP's reducer timers (the default sync source) against the span of each step's NCCL
+    kernels in torch.profiler's trace (bench/gpu_sync_check.py --source reducer), within
+    10%."""
+    ctx.need_cuda()
+    r = _sync_check(ctx, "reducer")
+    if r["span_ms"] is None:
+        raise Fail("no communication kernel could be placed in a step (the profiler's "
+                   f"correlation ids); kernels {r['kernels']}")
+    if r["sampled_steps"] < r["steps"]:
+        raise Fail(f"DDP's reducer timed {r['sampled_steps']} of {r['steps']} steps "
+                   "(sample rate 1)")
+    words = (f"reducer {r['reducer_ms']:.2f} ms vs the kernels' step spans {r['span_ms']:.2f}"
+             f" ms (kernel time {r['kernel_ms']:.2f} ms) over {r['shape']}")
+    ratio = _within(r["reducer_ms"], r["span_ms"], words)
+    return Outcome(f"{words} (ratio {ratio:.3f})",
+                   {"reducer_ms": r["reducer_ms"], "span_ms": r["span_ms"],
+                    "kernel_ms": r["kernel_ms"], "ratio": ratio})
 
 
 def doctor(ctx: Ctx) -> Outcome:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -80,7 +81,7 @@ def test_without_a_gpu_the_gpu_parts_are_skipped_and_the_cuda_tests_found(
 @pytest.mark.slow
 def test_a_cpu_rehearsal_trains_resumes_and_kills_the_launcher(tmp_path: Path) -> None:
     proc, rows = _check(tmp_path, "--device", "cpu", "--parts",
-                        "run-fp32,run-fp16,resume,launcher-sigkill,sync-timing")
+                        "run-fp32,run-fp16,resume,launcher-sigkill,sync-timing,sync-reducer")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     status = {n: r["status"] for n, r in rows.items()}
     assert status["run-fp32"] == status["resume"] == status["launcher-sigkill"] == "passed"
@@ -89,6 +90,12 @@ def test_a_cpu_rehearsal_trains_resumes_and_kills_the_launcher(tmp_path: Path) -
     assert "no process of the run was left" in rows["launcher-sigkill"]["details"]
     assert status["run-fp16"] == status["sync-timing"] == status["doctor"] == "skipped"
     assert "CPU rehearsal" in rows["sync-timing"]["details"]
+    # DDP's reducer timers ran and timed the gloo steps; nothing to compare them with on CPU
+    assert status["sync-reducer"] == "skipped"
+    timed = re.search(r"timed (\d+\.\d+) ms, (\d+)/(\d+) steps sampled\): CPU rehearsal",
+                      rows["sync-reducer"]["details"])
+    assert timed, rows["sync-reducer"]
+    assert float(timed[1]) > 0 and timed[2] == timed[3] == "20"
     assert rows["doctor"]["details"] == "not selected (--parts)"
 
 

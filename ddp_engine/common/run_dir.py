@@ -31,10 +31,11 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *,
-                 sole_writer: bool = False, durable: bool = False) -> None:
+                 sole_writer: bool = False, durable: bool = False, sync: bool = True) -> None:
     """Write a file so that readers see the old or the new one, never a torn one.
 
     ``write`` fills a temporary file in the same folder (``.NAME.XXXX.tmp``), which is fsynced
+    (unless ``sync`` is False: a snapshot soon rewritten, which a power cut may leave empty)
     and renamed over ``path``; on any error the temporary file is removed. A SIGKILL cannot run
     that cleanup, so with ``sole_writer`` (nobody else ever writes ``path``) temporary files that
     an earlier, killed write of ``path`` left are removed first: they cannot accumulate.
@@ -48,7 +49,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, p)
         if durable:
             dir_fd = os.open(p.parent, os.O_RDONLY)
@@ -77,13 +79,13 @@ def remove_partial_writes(folder: str | os.PathLike[str], name: str = "*") -> li
     return removed
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, sync: bool = True) -> None:
     """:func:`atomic_write` of a UTF-8 text."""
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), sync=sync)
 
 
-def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def atomic_write_json(path: str | os.PathLike[str], data: Any, *, sync: bool = True) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n", sync=sync)
 
 
 def read_json(path: str | os.PathLike[str]) -> Any | None:

@@ -33,6 +33,9 @@ from ddp_engine.common.runs import fmt_duration, fmt_number
 from ddp_engine.common.straggler import StragglerWatch
 from ddp_engine.launch.shutdown import ShutdownClock
 
+PROGRESS_WRITE_S = 1.0
+"""How often status.json is rewritten for progress alone (the step, the latest metrics)."""
+
 
 class StatusFile:
     """status.json, rewritten atomically; the launcher is its only writer."""
@@ -41,6 +44,8 @@ class StatusFile:
         self.path = folder / STATUS_FILE
         self._lock = threading.Lock()
         self.error: OSError | None = None
+        self._dirty = False  # progress changed since the last write
+        self._written = 0.0  # time.monotonic() of the last write
         self.data: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0,
                                      "launcher_pid": os.getpid(), "pids": {},
                                      "hostname": socket.gethostname(),
@@ -48,17 +53,38 @@ class StatusFile:
         self._write()
 
     def update(self, **fields: Any) -> None:
+        """Change fields and write the file now, fsynced (a state, a checkpoint, the end)."""
         with self._lock:
             if self.data.get("state") in FINAL_STATES and "state" not in fields:
                 return
             changed = any(self.data.get(k) != v for k, v in fields.items())
             self.data.update(fields)
-            if changed:
+            if changed or self._dirty:
                 self._write()
 
-    def _write(self) -> None:
+    def progress(self, **fields: Any) -> None:
+        """Change progress fields (step, epoch, the latest metrics): written at most every
+        :data:`PROGRESS_WRITE_S`, not fsynced, the rest at :meth:`flush` or the next write.
+        A report every quarter second made the launcher fsync four times a second: 0.35 ms of
+        CPU and a journal commit each, on a machine whose every core trains."""
+        with self._lock:
+            if self.data.get("state") in FINAL_STATES:
+                return
+            self._dirty |= any(self.data.get(k) != v for k, v in fields.items())
+            self.data.update(fields)
+        self.flush()
+
+    def flush(self) -> None:
+        """Write progress not yet written once :data:`PROGRESS_WRITE_S` has passed since the
+        last write (called on every poll, so a stalled run's last step is still written)."""
+        with self._lock:
+            if self._dirty and time.monotonic() - self._written >= PROGRESS_WRITE_S:
+                self._write(sync=False)
+
+    def _write(self, sync: bool = True) -> None:
+        self._dirty, self._written = False, time.monotonic()
         try:
-            atomic_write_json(self.path, {**self.data, "updated": time.time()})
+            atomic_write_json(self.path, {**self.data, "updated": time.time()}, sync=sync)
         except OSError as e:  # a full disk: the terminal still gets every line
             if self.error is None:
                 print(f"[rankscope] warning: {self.path} cannot be written ({e.strerror}); "
@@ -164,6 +190,7 @@ class RunMonitor(threading.Thread):
         if len(ranks) >= self.world_size and self.status.data.get("state") == "starting" and all(
                 d.get("state") == "running" for d in ranks.values()):
             self.status.update(state="running")
+        self.status.flush()  # progress held back by the write interval
         return bool(new)
 
     def _beats(self) -> None:
@@ -173,7 +200,7 @@ class RunMonitor(threading.Thread):
         if not steps:
             return
         self.last_step = min(steps)
-        self.status.update(step=self.last_step)
+        self.status.progress(step=self.last_step)
         now = time.monotonic()
         if self._first_beat is None:
             self._first_beat = now
@@ -265,7 +292,7 @@ class RunMonitor(threading.Thread):
         step = int(msg.get("step", 0))
         self._stall_printed = 0.0
         self.last_step = step
-        self.status.update(step=step, epoch=msg.get("epoch"), last_metrics=msg)
+        self.status.progress(step=step, epoch=msg.get("epoch"), last_metrics=msg)
         ranks = msg.get("ranks") or []
         losses = " ".join(f"r{r['rank']}={fmt_number(r.get('loss'))}" for r in ranks)
         rate = sum(r.get("samples_per_s") or 0.0 for r in ranks)

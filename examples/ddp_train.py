@@ -83,6 +83,7 @@ def main() -> None:
         if rank == 0:
             torch.save(model.module.state_dict(), args.checkpoint)
             print(f"saved {args.checkpoint}", flush=True)
+        dist.barrier()  # every rank waits for rank 0's save before the group is destroyed
     finally:
         dist.destroy_process_group()
 

@@ -43,7 +43,8 @@ def launch(args: argparse.Namespace) -> None:
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc-per-node", "2", __file__, "--rank-side", "--out", str(out),
                         "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
-                        "--hidden", str(args.hidden)], check=True, env=env, cwd=REPO)
+                        "--hidden", str(args.hidden), "--sample-rate", str(args.sample_rate)],
+                       check=True, env=env, cwd=REPO)
         got: dict[str, list[float]] = json.loads(out.read_text())
     print(f"mlp 256-{args.hidden}-{args.hidden}-10, batch 64/rank, SGD, 2 CPU ranks (gloo); "
           f"{args.blocks} blocks of {args.block_steps} steps per variant, one model")
@@ -88,7 +89,7 @@ def rank_side(args: argparse.Namespace) -> None:
         trainer.heartbeat = None if name in ("nohb", "none") else heartbeat
         trainer.timer = None if name in ("notimer", "none") else timer
         trainer.model._set_ddp_runtime_logging_sample_rate(
-            10**9 if name in ("nosample", "none") else cfg.log_every)
+            10**9 if name in ("nosample", "none") else args.sample_rate or cfg.log_every)
 
     for _ in range(40):  # warm-up: DDP rebuilds its buckets after the first iterations
         trainer._train_step(feed)
@@ -113,6 +114,8 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=60)
     parser.add_argument("--block-steps", type=int, default=20)
     parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--sample-rate", type=int, default=0,
+                        help="the reducer's sample rate in 'full' (default: the engine's)")
     parser.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()

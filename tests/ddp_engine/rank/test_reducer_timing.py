@@ -78,3 +78,50 @@ def test_a_new_ddp_module_is_timed_from_then_on(group: None) -> None:
     assert timing.read()["sync_bytes"] == sum(p.numel() * 4 for p in second.parameters())
     del first, second
     assert not timing.watching
+
+
+def test_on_cpu_a_read_is_the_mean_over_the_iterations_since_the_last(group: None) -> None:
+    """Every iteration is sampled on CPU; a read gives the mean of the iterations' own times
+    since the last read (DDP's logger records an iteration at the next forward), not the
+    latest one alone."""
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.Linear(64, 1)))
+    timing = ReducerTiming(every=10)
+    timing.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: dict[int, tuple[int, int]] = {}  # iteration -> its own comm and overlap times (ns)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            out = model(torch.randn(8, 6))
+            data = model._get_ddp_logging_data()
+            if data.get("iteration"):
+                seen[data["iteration"]] = (data["backward_comm_time"],
+                                           data["backward_compute_comm_overlap_time"])
+            out.square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+    steps(7)
+    first = timing.read()
+    assert sorted(seen) == list(range(1, 7))  # iteration 7 is recorded at the 8th forward
+    steps(5)
+    second = timing.read()
+    assert sorted(seen) == list(range(1, 12))
+    for got, its in ((first, range(1, 7)), (second, range(7, 12))):
+        comm = sum(seen[i][0] for i in its) / len(its)
+        overlap = sum(seen[i][1] for i in its) / len(its)
+        assert got["sync_time_s"] == pytest.approx(comm * 1e-9, abs=1e-8)
+        assert got["sync_exposed_s"] == pytest.approx(max(0.0, comm - overlap) * 1e-9, abs=1e-8)
+    samples = [seen[i][0] for i in range(7, 12)]
+    assert min(samples) < max(samples)  # so the mean is not any one sample by chance
+
+
+def test_a_module_that_ran_before_it_was_watched_gives_its_latest_sample(group: None) -> None:
+    model = DDP(torch.nn.Linear(6, 1))
+    _steps(model, 3)  # DDP's own sample rate so far: its first ten iterations, then every 100th
+    timing = ReducerTiming(every=2)
+    timing.watch(model)
+    _steps(model, 4)
+    got = timing.read()
+    data = model._get_ddp_logging_data()
+    assert got["sync_time_s"] == pytest.approx(data["backward_comm_time"] * 1e-9)

@@ -54,14 +54,14 @@ def median_overlap(store: MetricStore) -> float | None:
 
 
 def sync_words(exposed_s: float | None, sync_s: float | None, share: float | None) -> str | None:
-    """The breakdown's sync part, in ms: "exposed sync 1.0 of 3.0 (67% overlapped)"; just
+    """The breakdown's sync part, in ms: "exposed sync 1.0 of 3.0, 67% overlapped"; just
     "exposed sync 1.0" where the whole sync time is unknown; None where nothing is known."""
     exposed, sync = finite(exposed_s), finite(sync_s)
     if exposed is None:
         return None
     if sync is None or sync <= 0 or share is None:
         return f"exposed sync {exposed * 1e3:.1f}"
-    return f"exposed sync {exposed * 1e3:.1f} of {sync * 1e3:.1f} ({100 * share:.0f}% overlapped)"
+    return f"exposed sync {exposed * 1e3:.1f} of {sync * 1e3:.1f}, {100 * share:.0f}% overlapped"
 
 
 class FlopsEvents:

@@ -20,7 +20,8 @@ from app.metric_store import MetricStore
 from ddp_engine.common.doctor_result import DoctorResult, busbw_factor
 
 SYNC_SOURCES = {
-    "reducer": "sync: DDP's own timers, one iteration sampled per report",
+    "reducer": ("sync: DDP's own timers (CPU ranks: the interval's mean; GPUs: one iteration "
+                "per report)"),
     "hook": "sync: Rankscope's comm hook, every step (--sync-timing hook)",
 }
 """The caption's last line: where the run's sync times come from (run_start's sync_timing)."""
@@ -31,8 +32,12 @@ class SyncPanel(PairPanel):
     step-time breakdown of the last interval (the caption, which goes with the sync chart)."""
 
     BREAKDOWN = (("data_wait_s", "data"), ("forward_s", "fwd"), ("backward_s", "bwd"),
-                 ("sync_exposed_s", "exposed sync"), ("optimizer_s", "opt"),
-                 ("eval_s", "eval"))
+                 ("optimizer_s", "opt"), ("eval_s", "eval"))
+    """The parts a step's time is said in, which add up to it with ``other`` (the rest: the
+    loop's own time, a report). The exposed sync is inside ``bwd`` (``backward()`` returns once
+    every bucket is reduced) and is said in brackets after it, not as a part of the sum."""
+    OTHER_MIN_S = 0.05e-3
+    """``other`` is said from 0.05 ms (it prints as 0.1 from there)."""
 
     def __init__(self) -> None:
         self.sync = Chart("Gradient sync per step", "ms")
@@ -115,16 +120,24 @@ class SyncPanel(PairPanel):
     @classmethod
     def _breakdown(cls, who: str, total: float | None, last: dict[str, float | None],
                    overlap: float | None) -> str | None:
-        """``who``'s step in ms by part; its sync part says the exposed time, the whole
-        all-reduce time and the share of it that overlapped compute (``overlap``)."""
-        parts = [sync_words(v, last["sync_time_s"], overlap) if key == "sync_exposed_s"
-                 else f"{label} {v * 1e3:.1f}" for key, label in cls.BREAKDOWN
+        """``who``'s step in ms as parts that add up to it ("step 10.0 ms = data 0.4 + fwd 2.0
+        + bwd 5.0 (exposed sync 1.0 of 4.0, 75% overlapped) + opt 1.0 + other 1.6"): the
+        exposed sync inside bwd, with the whole all-reduce time and the share of it that
+        overlapped compute (``overlap``)."""
+        known = [(key, label, v) for key, label in cls.BREAKDOWN
                  if (v := last[key]) is not None and np.isfinite(v)
                  and (v or key != "eval_s")]  # eval: only in the intervals that had one
-        return f"{who} step {total * 1e3:.1f} ms = " + ", ".join(p for p in parts if p) \
-            if parts and total else None
+        if not known or not total:
+            return None
+        rest = total - sum(v for _, _, v in known)
+        if rest >= cls.OTHER_MIN_S:
+            known.append(("", "other", rest))
+        sync = sync_words(last["sync_exposed_s"], last["sync_time_s"], overlap)
+        return f"{who} step {total * 1e3:.1f} ms = " + " + ".join(
+            f"{label} {v * 1e3:.1f}" + (f" ({sync})" if key == "backward_s" and sync else "")
+            for key, label, v in known)
 
-    FIELDS = (*(key for key, _ in BREAKDOWN), "sync_time_s")
+    FIELDS = (*(key for key, _ in BREAKDOWN), "sync_exposed_s", "sync_time_s")
 
     def _rank_breakdown(self, store: MetricStore, rank: int, who: str) -> str | None:
         return self._breakdown(who, store.get(rank, "step_time_s").last(),

@@ -127,7 +127,8 @@ def test_evaluation_time_is_said_in_the_progress_line_and_the_step_breakdown(qtb
                "eval_s": 0.031})
     dash.redraw(budget_s=None)
     assert dash.progress_label.text().endswith("last eval (step 4) took 31 ms")
-    assert dash.sync.caption.text().endswith("opt 1.0, eval 4.0")
+    assert "(exposed sync 1.0 of 3.0, 67% overlapped) + opt 1.0 + eval 4.0" in \
+        dash.sync.caption.text()
 
 
 def test_a_small_window_stacks_the_panels_and_scrolls_instead_of_squeezing_them(qtbot) -> None:

@@ -5,6 +5,7 @@ rank's), the achieved FLOP/s per rank and, on GPUs of a known peak, the MFU."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_overlap_is_the_share_of_sync_time_not_exposed(sync, exposed, share) -> 
 
 
 def test_the_sync_part_says_exposed_whole_and_overlapped() -> None:
-    assert sync_words(0.001, 0.004, 0.75) == "exposed sync 1.0 of 4.0 (75% overlapped)"
+    assert sync_words(0.001, 0.004, 0.75) == "exposed sync 1.0 of 4.0, 75% overlapped"
     assert sync_words(0.001, math.nan, None) == "exposed sync 1.0"
     assert sync_words(None, 0.004, None) is None
 
@@ -55,11 +56,18 @@ def test_each_ranks_breakdown_says_its_overlap_and_exposed_sync(qtbot) -> None:
     panel.redraw_caption(_store(rows))
     lines = panel.caption.text().splitlines()
     assert len(lines) == 4
-    assert lines[0] == ("rank 0 step 10.0 ms = data 0.4, fwd 2.0, bwd 5.0, exposed sync 1.0 of "
-                        "4.0 (75% overlapped), opt 1.0")
-    assert "sync" not in lines[1] and lines[1].endswith("bwd 5.0, opt 1.0")
-    assert "exposed sync 2.0, opt" in lines[2]
-    assert "exposed sync 4.0 of 4.0 (0% overlapped)" in lines[3]
+    # The parts add up to the step (the rest is "other"); the exposed sync is inside bwd and
+    # is said in brackets after it, not counted beside it.
+    assert lines[0] == ("rank 0 step 10.0 ms = data 0.4 + fwd 2.0 + bwd 5.0 (exposed sync 1.0 of "
+                        "4.0, 75% overlapped) + opt 1.0 + other 1.6")
+    for line in lines:
+        total, parts = line.split(" ms = ")
+        summed = sum(float(re.sub(r" \(.*\)", "", part).split()[-1])
+                     for part in parts.split(" + "))
+        assert summed == pytest.approx(float(total.split()[-1]), abs=0.15), line
+    assert "sync" not in lines[1] and lines[1].endswith("bwd 5.0 + opt 1.0 + other 2.6")
+    assert "+ bwd 5.0 (exposed sync 2.0) + opt" in lines[2]
+    assert "+ bwd 5.0 (exposed sync 4.0 of 4.0, 0% overlapped) + opt" in lines[3]
 
 
 def test_many_ranks_the_median_ranks_overlap_and_the_slowest_ranks(qtbot) -> None:
@@ -71,9 +79,9 @@ def test_many_ranks_the_median_ranks_overlap_and_the_slowest_ranks(qtbot) -> Non
     panel.redraw_caption(_store(rows))
     median, slowest = panel.caption.text().splitlines()
     # The median of the ranks' shares (1 - r/64 for r = 0..63) is 1 - 31.5/64 = 50.8%.
-    assert "of 4.0 (51% overlapped)" in median and median.startswith("median step")
+    assert "of 4.0, 51% overlapped)" in median and median.startswith("median step")
     assert slowest.startswith("slowest, rank 63 step 73.0 ms")
-    assert "exposed sync 3.9 of 4.0 (2% overlapped)" in slowest
+    assert "exposed sync 3.9 of 4.0, 2% overlapped" in slowest
 
 
 def test_mfu_on_h200s_in_bf16_against_their_dense_peak(qtbot) -> None:
@@ -152,7 +160,8 @@ def test_the_latest_flops_event_counts_and_a_cleared_store_forgets_it(qtbot) -> 
 
 
 @pytest.mark.parametrize(("timing", "says"), [
-    ("reducer", "sync: DDP's own timers, one iteration sampled per report"),
+    ("reducer", "sync: DDP's own timers (CPU ranks: the interval's mean; GPUs: one iteration "
+                "per report)"),
     ("hook", "sync: Rankscope's comm hook, every step (--sync-timing hook)"),
     (None, None),  # telemetry off, or a run from before issue 29: nothing claimed
 ])

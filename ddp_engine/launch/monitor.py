@@ -42,7 +42,10 @@ class StatusFile:
 
     def __init__(self, folder: Path, **initial: Any) -> None:
         self.path = folder / STATUS_FILE
-        self._lock = threading.Lock()
+        # Re-entrant: the launcher's signal handlers poll the monitor on the main thread (a
+        # second Ctrl+C forces the run down from there), which may be inside an update already
+        # (the first Ctrl+C's poll): a plain lock deadlocked the launcher there.
+        self._lock = threading.RLock()
         self.error: OSError | None = None
         self._dirty = False  # progress changed since the last write
         self._written = 0.0  # time.monotonic() of the last write

@@ -78,3 +78,35 @@ def test_a_real_run_ends_with_its_last_step_in_status_json(tmp_path: Path) -> No
     assert got is not None
     assert (got["state"], got["step"]) == ("completed", 30)
     assert got["last_metrics"]["step"] == 30
+
+
+def test_an_update_from_a_signal_handler_inside_an_update_goes_through(tmp_path: Path) -> None:
+    """The launcher's signal handlers poll the monitor on the main thread (a second Ctrl+C
+    forces the run down from there) while that thread may be inside an update already (the
+    first Ctrl+C's poll): with a plain lock the launcher deadlocked there (CI, 2026-12-06)."""
+    import signal
+
+    status = StatusFile(tmp_path)
+    handled: list[bool] = []
+
+    def second_ctrl_c(_signum: int, _frame: object) -> None:
+        status.update(state="stopping")
+        handled.append(True)
+
+    def give_up(_signum: int, _frame: object) -> None:
+        raise TimeoutError("the update inside an update did not go through in 10 s")
+
+    old = signal.signal(signal.SIGUSR2, second_ctrl_c)
+    old_alarm = signal.signal(signal.SIGALRM, give_up)
+    signal.alarm(10)
+    try:
+        with status._lock:  # the main thread inside an update
+            os.kill(os.getpid(), signal.SIGUSR2)
+            while not handled:  # the handler runs here, on this thread
+                pass
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGUSR2, old)
+        signal.signal(signal.SIGALRM, old_alarm)
+    got = read_status(tmp_path)
+    assert got is not None and got["state"] == "stopping"

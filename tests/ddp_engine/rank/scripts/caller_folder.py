@@ -39,6 +39,7 @@ def main() -> None:
         weights = [v for t in model.module.state_dict().values() for v in t.flatten().tolist()]
         with open(args.out, "w") as f:
             json.dump({"cwd": os.getcwd(), "weights": weights}, f)
+    dist.barrier()  # every rank done (rank 0 wrote its files) before the group goes
     dist.destroy_process_group()
 
 

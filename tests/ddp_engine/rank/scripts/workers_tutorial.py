@@ -66,6 +66,7 @@ def main() -> None:
             torch.save(model.module.state_dict(), os.path.join(args.out, "weights.pt"))
             with open(os.path.join(args.out, "losses.json"), "w") as f:
                 json.dump(losses, f)
+        dist.barrier()  # every rank done (rank 0 wrote its files) before the group goes
     finally:
         dist.destroy_process_group()
 

@@ -23,29 +23,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.two_ranks import endless, main, on_two_ranks, rank_folder, workload  # noqa: E402
 
 
 def launch(args: argparse.Namespace) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", "2", __file__, "--rank-side", "--out", str(out),
-                        "--reports", str(args.reports), "--hidden", str(args.hidden)],
-                       check=True, env=env, cwd=REPO)
-        got = json.loads(out.read_text())
+    got = on_two_ranks(__file__, ["--reports", str(args.reports), "--hidden", str(args.hidden)])
     print(f"mlp 256-{args.hidden}-{args.hidden}-10, 2 CPU ranks (gloo); rank 0, "
           f"{args.reports} reports; main thread's CPU, median")
     for name, us in got["median_us"].items():
@@ -54,10 +45,8 @@ def launch(args: argparse.Namespace) -> None:
 
 
 def rank_side(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(REPO))
     import torch
 
-    from ddp_engine.common.config import RunConfig
     from ddp_engine.common.heartbeat import Heartbeat
     from ddp_engine.common.protocol import encode
     from ddp_engine.rank.distributed import StopFlag, init_distributed, teardown
@@ -68,14 +57,8 @@ def rank_side(args: argparse.Namespace) -> None:
 
     ctx = init_distributed("cpu", 120)
     rank = ctx.info.rank
-    cfg = RunConfig(model="mlp", model_args={"hidden": args.hidden, "depth": 2},
-                    dataset="synthetic", dataset_args={"num_samples": 80_000, "val_samples": 0,
-                                                       "input_shape": [256]},
-                    device="cpu", max_steps=10**9, eval_every=0, batch_size=64,
-                    optimizer="sgd", lr=0.01, momentum=0.0)
-    work = Path(tempfile.mkdtemp(prefix=f"report-cost-{rank}-"))
-    (work / "checkpoints").mkdir()
-    (work / "ranks").mkdir()
+    cfg = workload(args.hidden)
+    work = rank_folder("report-cost", rank)
     telemetry = (Telemetry(work, welcome_extra={}, on_stop=lambda _why: None)
                  if rank == 0 else None)
     heartbeat = Heartbeat(work, rank)
@@ -84,12 +67,7 @@ def rank_side(args: argparse.Namespace) -> None:
     trainer = Trainer(cfg, ctx, work, stop, telemetry, heartbeat)
     assert trainer.timer is not None and trainer.reducer_timing is not None
     timer, reducer = trainer.timer, trainer.reducer_timing
-
-    def batches():
-        while True:
-            yield from trainer.loader
-
-    feed = batches()
+    feed = endless(trainer)
     interval = Interval()
     for _ in range(30):  # warm-up
         interval.add(trainer._train_step(feed), cfg.batch_size)
@@ -128,18 +106,10 @@ def rank_side(args: argparse.Namespace) -> None:
     teardown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reports", type=int, default=300)
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.rank_side:
-        rank_side(args)
-    else:
-        launch(args)
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, launch, rank_side, options)

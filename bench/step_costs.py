@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.two_ranks import endless, main, on_two_ranks, rank_folder, workload  # noqa: E402
+
 VARIANTS = ("plain", "step", "nohb", "timed", "hook", "+rounds", "+reports")
 PAIRS = (("step", "plain"), ("nohb", "step"), ("timed", "nohb"), ("hook", "timed"),
          ("+rounds", "timed"), ("+reports", "+rounds"))
@@ -40,14 +39,8 @@ PAIRS = (("step", "plain"), ("nohb", "step"), ("timed", "nohb"), ("hook", "timed
 
 
 def launch(args: argparse.Namespace) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", "2", __file__, "--rank-side", "--out", str(out),
-                        "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
-                        "--hidden", str(args.hidden)], check=True, env=env, cwd=REPO)
-        got = json.loads(out.read_text())
+    got = on_two_ranks(__file__, ["--blocks", str(args.blocks), "--block-steps",
+                                  str(args.block_steps), "--hidden", str(args.hidden)])
     result, blocks = got["median"], got["blocks"]
     print(f"mlp 256-{args.hidden}-{args.hidden}-10, batch 64/rank, SGD, 2 CPU ranks (gloo); "
           f"{args.blocks} blocks of {args.block_steps} steps per variant, rotating")
@@ -68,7 +61,6 @@ def launch(args: argparse.Namespace) -> None:
 
 
 def rank_side(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(REPO))
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -83,16 +75,10 @@ def rank_side(args: argparse.Namespace) -> None:
 
     ctx = init_distributed("cpu", 120)
     rank = ctx.info.rank
-    cfg = RunConfig(model="mlp", model_args={"hidden": args.hidden, "depth": 2},
-                    dataset="synthetic", dataset_args={"num_samples": 80_000, "val_samples": 0,
-                                                       "input_shape": [256]},
-                    device="cpu", max_steps=10**9, eval_every=0, batch_size=64,
-                    optimizer="sgd", lr=0.01, momentum=0.0)
-    work = Path(tempfile.mkdtemp(prefix=f"step-costs-{rank}-"))
-    (work / "checkpoints").mkdir()
+    cfg = workload(args.hidden)
+    work = rank_folder("step-costs", rank)
     telemetry = (Telemetry(work, welcome_extra={}, on_stop=lambda _why: None)
                  if rank == 0 else None)
-    (work / "ranks").mkdir()
     heartbeat = Heartbeat(work, rank)
     heartbeat.start()
     stop_flag = StopFlag(cfg.stop_check_every, ctx.side_group)  # the default: 10
@@ -110,12 +96,8 @@ def rank_side(args: argparse.Namespace) -> None:
     interval = Interval()
     step = {"n": 0}
 
-    def batches(trainer: Trainer):
-        while True:
-            yield from trainer.loader
-
-    feeds = {id(t): batches(t) for t in (untimed, timed, nohb, hooked)}
-    plain_feed = batches(untimed)
+    feeds = {id(t): endless(t) for t in (untimed, timed, nohb, hooked)}
+    plain_feed = endless(untimed)
 
     def plain_step() -> None:
         x, y = next(plain_feed)
@@ -176,19 +158,11 @@ def rank_side(args: argparse.Namespace) -> None:
     teardown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--block-steps", type=int, default=40)
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.rank_side:
-        rank_side(args)
-    else:
-        launch(args)
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, launch, rank_side, options)

@@ -24,28 +24,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.two_ranks import endless, main, on_two_ranks, rank_folder, workload  # noqa: E402
+
 VARIANTS = ("full", "nosample", "nohb", "notimer", "none")
 
 
 def launch(args: argparse.Namespace) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", "2", __file__, "--rank-side", "--out", str(out),
-                        "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
-                        "--hidden", str(args.hidden), "--sample-rate", str(args.sample_rate)],
-                       check=True, env=env, cwd=REPO)
-        got: dict[str, list[float]] = json.loads(out.read_text())
+    got: dict[str, list[float]] = on_two_ranks(__file__, [
+        "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
+        "--hidden", str(args.hidden), "--sample-rate", str(args.sample_rate)])
     print(f"mlp 256-{args.hidden}-{args.hidden}-10, batch 64/rank, SGD, 2 CPU ranks (gloo); "
           f"{args.blocks} blocks of {args.block_steps} steps per variant, one model")
     base = statistics.median(got["none"])
@@ -57,33 +50,20 @@ def launch(args: argparse.Namespace) -> None:
 
 
 def rank_side(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(REPO))
-    from ddp_engine.common.config import RunConfig
     from ddp_engine.common.heartbeat import Heartbeat
     from ddp_engine.rank.distributed import StopFlag, init_distributed, teardown
     from ddp_engine.rank.trainer import Trainer
 
     ctx = init_distributed("cpu", 120)
-    cfg = RunConfig(model="mlp", model_args={"hidden": args.hidden, "depth": 2},
-                    dataset="synthetic", dataset_args={"num_samples": 80_000, "val_samples": 0,
-                                                       "input_shape": [256]},
-                    device="cpu", max_steps=10**9, eval_every=0, batch_size=64,
-                    optimizer="sgd", lr=0.01, momentum=0.0)
-    work = Path(tempfile.mkdtemp(prefix=f"step-toggles-{ctx.info.rank}-"))
-    (work / "checkpoints").mkdir()
-    (work / "ranks").mkdir()
+    cfg = workload(args.hidden)
+    work = rank_folder("step-toggles", ctx.info.rank)
     heartbeat = Heartbeat(work, ctx.info.rank)
     heartbeat.start()
     trainer = Trainer(cfg, ctx, work, StopFlag(cfg.stop_check_every, ctx.side_group), None,
                       heartbeat)
     timer = trainer.timer
     assert timer is not None and trainer.reducer_timing is not None
-
-    def batches():
-        while True:
-            yield from trainer.loader
-
-    feed = batches()
+    feed = endless(trainer)
 
     def switch(name: str) -> None:
         trainer.heartbeat = None if name in ("nohb", "none") else heartbeat
@@ -109,21 +89,13 @@ def rank_side(args: argparse.Namespace) -> None:
     teardown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=int, default=60)
     parser.add_argument("--block-steps", type=int, default=20)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--sample-rate", type=int, default=0,
                         help="the reducer's sample rate in 'full' (default: the engine's)")
-    parser.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.rank_side:
-        rank_side(args)
-    else:
-        launch(args)
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, launch, rank_side, options)

@@ -63,7 +63,7 @@ def rank_side(args: argparse.Namespace) -> None:
                  if rank == 0 else None)
     heartbeat = Heartbeat(work, rank)
     heartbeat.start()
-    stop = StopFlag(cfg.stop_check_every, ctx.side_group)
+    stop = StopFlag.from_config(cfg, ctx.side_group)
     trainer = Trainer(cfg, ctx, work, stop, telemetry, heartbeat)
     assert trainer.timer is not None and trainer.reducer_timing is not None
     timer, reducer = trainer.timer, trainer.reducer_timing

@@ -81,13 +81,13 @@ def rank_side(args: argparse.Namespace) -> None:
                  if rank == 0 else None)
     heartbeat = Heartbeat(work, rank)
     heartbeat.start()
-    stop_flag = StopFlag(cfg.stop_check_every, ctx.side_group)  # the default: 10
+    stop_flag = StopFlag.from_config(cfg, ctx.side_group)  # the defaults
     untimed = Trainer(RunConfig(**{**cfg.to_dict(), "telemetry": False}), ctx, work,
-                      StopFlag(10, ctx.side_group))
+                      StopFlag.from_config(cfg, ctx.side_group))
     timed = Trainer(cfg, ctx, work, stop_flag, telemetry, heartbeat)
-    nohb = Trainer(cfg, ctx, work, StopFlag(10, ctx.side_group))
+    nohb = Trainer(cfg, ctx, work, StopFlag.from_config(cfg, ctx.side_group))
     hooked = Trainer(RunConfig(**{**cfg.to_dict(), "sync_timing": "hook"}), ctx, work,
-                     StopFlag(10, ctx.side_group), None, heartbeat)
+                     StopFlag.from_config(cfg, ctx.side_group), None, heartbeat)
     assert timed.device_sampler is not None and timed.reducer_timing is not None
     timed.device_sampler.start()  # as in a run: the rank's device readings at 2 Hz
     torch.manual_seed(cfg.seed)

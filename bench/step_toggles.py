@@ -59,7 +59,7 @@ def rank_side(args: argparse.Namespace) -> None:
     work = rank_folder("step-toggles", ctx.info.rank)
     heartbeat = Heartbeat(work, ctx.info.rank)
     heartbeat.start()
-    trainer = Trainer(cfg, ctx, work, StopFlag(cfg.stop_check_every, ctx.side_group), None,
+    trainer = Trainer(cfg, ctx, work, StopFlag.from_config(cfg, ctx.side_group), None,
                       heartbeat)
     timer = trainer.timer
     assert timer is not None and trainer.reducer_timing is not None
@@ -69,7 +69,7 @@ def rank_side(args: argparse.Namespace) -> None:
         trainer.heartbeat = None if name in ("nohb", "none") else heartbeat
         trainer.timer = None if name in ("notimer", "none") else timer
         trainer.model._set_ddp_runtime_logging_sample_rate(
-            10**9 if name in ("nosample", "none") else args.sample_rate or cfg.log_every)
+            10**9 if name in ("nosample", "none") else args.sample_rate or cfg.report_pace[0])
 
     for _ in range(40):  # warm-up: DDP rebuilds its buckets after the first iterations
         trainer._train_step(feed)

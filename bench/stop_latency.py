@@ -190,7 +190,8 @@ def stop_run(step_s: float, args: argparse.Namespace, work: Path, rng: random.Ra
     try:
         _wait_for_steps(launcher, run_dir, args.warm_steps, args.timeout)
         every = int((read_json(run_dir / "config.json") or {}).get("stop_check_every", 1))
-        time.sleep(rng.uniform(0.0, every * step_s))
+        # within one check interval (0, the default: a round at least every 0.5 s)
+        time.sleep(rng.uniform(0.0, every * step_s if every else 0.5))
         if args.via == "socket":
             conn = Connection(run_dir, timeout_s=10)
             # Read as the app does: a viewer that does not read leaves the server lines to
@@ -244,7 +245,8 @@ def main() -> None:
                         help="steps reported before the stop is requested (default: 3)")
     parser.add_argument("--log-every", type=int, default=1,
                         help="metrics every N steps (default 1, as this bench always ran; "
-                             "the engine's default is 10: each report forces a round)")
+                             "the engine's default, 0, reports on multiples of 10 steps at "
+                             "least 0.2 s apart: each report forces a round)")
     parser.add_argument("--stop-check-every", type=int, default=None,
                         help="passed to the launcher (default: the engine's default)")
     parser.add_argument("--timeout", type=float, default=120.0,

@@ -107,6 +107,15 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str,
     pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def assert_default_report_steps(steps: list[int], first: int, last: int) -> None:
+    """``steps`` are a run's reporting steps at the default pace (issue 29): ``first`` (the
+    first multiple of 10 the run reaches), then multiples of 10 as far apart as 0.2 s asks
+    (every one of them when steps are slow, fewer when they are short: not asserted, it depends
+    on this machine's speed), and ``last``, the run's last step, always reported."""
+    assert steps[0] == first and steps[-1] == last, steps
+    assert steps == sorted(set(steps)) and all(s % 10 == 0 for s in steps[:-1]), steps
+
+
 def processes_mentioning(text: str) -> list[psutil.Process]:
     """Live processes whose command line contains ``text`` (e.g. a unique run folder)."""
     found = []

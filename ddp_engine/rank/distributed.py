@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import signal
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddp_engine.common.config import RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
 from ddp_engine.common.inventory import FIX_CPU_BUILD
 from ddp_engine.common.lifeline import (
@@ -226,7 +228,11 @@ class StopFlag:
     rounds say, so every rank starts and reads rounds at the same steps.
     """
 
-    def __init__(self, every: int, side_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, every: int, side_group: dist.ProcessGroup | None = None, *,
+                 log_every: int = 10, report_s: float = 0.0) -> None:
+        """``every``: at most that many steps between rounds (0: rounds follow the reports, at
+        least every :data:`STOP_CHECK_S`); reports fall on multiples of ``log_every``, at
+        least ``report_s`` apart at the slowest rank's pace (0: every ``log_every`` steps)."""
         # A plain attribute, not a threading.Event: signal handlers must not take locks that
         # the interrupted main thread may hold.
         self._requested = False
@@ -234,6 +240,9 @@ class StopFlag:
         self._held = False  # a checkpoint is being saved: the watchdog waits (see hold())
         self._group = side_group
         self._every = every
+        self._log_every = log_every
+        self._report_s = report_s
+        self._next_report = 0  # the first multiple of log_every from here is a reporting step
         self.reason: str | None = None
         self._code = STOP_ASKED
         self.failure: str | None = None
@@ -250,6 +259,20 @@ class StopFlag:
         self.handlers: dict[int, Any] = {}
         """The signal handlers :meth:`install_signal_handlers` set, by signal number (a
         script's own handler for one of them is chained onto ours)."""
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, side_group: dist.ProcessGroup | None = None,
+                    ) -> StopFlag:
+        """The run's flag: its stop checks and report pace as ``cfg`` says."""
+        steps, seconds = cfg.report_pace
+        return cls(cfg.stop_check_every, side_group, log_every=steps, report_s=seconds)
+
+    def report_due(self, step: int) -> bool:
+        """Whether the ranks report after ``step`` (the same answer on every rank): on a
+        multiple of ``log_every`` at least ``report_s`` after the last report, at the slowest
+        rank's step time as the last round read said. A step may also report for its own
+        reasons (a checkpoint, the last step): :meth:`after_step` is told by its ``report``."""
+        return step % self._log_every == 0 and step >= self._next_report
 
     def attach(self, side_group: dist.ProcessGroup) -> None:
         """Use ``side_group`` for the agreement (created after the handlers were installed)."""
@@ -335,10 +358,12 @@ class StopFlag:
 
     def interval(self, per_step_s: float) -> int:
         """Steps until the next check: ``every``, or fewer when steps are slow, so that a stop
-        waits about :data:`STOP_CHECK_S` (at least one step) whatever the step time."""
+        waits about :data:`STOP_CHECK_S` (at least one step) whatever the step time; with
+        ``every`` 0, only that (and the reports' rounds)."""
         if per_step_s <= 0:
-            return self._every
-        return max(1, min(self._every, int(STOP_CHECK_S / per_step_s)))
+            return self._every or self._log_every
+        slow = max(1, int(STOP_CHECK_S / per_step_s))
+        return min(self._every, slow) if self._every else slow
 
     def after_step(self, step: int, report: Callable[[], list[float]] | None = None, *,
                    flush: bool = False) -> list[Round]:
@@ -349,7 +374,8 @@ class StopFlag:
         :attr:`stopping` says whether every rank stops after this step."""
         now = time.monotonic()
         if self._next is None:  # the first step: a round at the next multiple of every
-            self._next = -(-step // self._every) * self._every
+            first = self._every or self._log_every
+            self._next = -(-step // first) * first
             self._last = (step, now)
         if step < self._next and report is None and not flush:
             return []
@@ -363,10 +389,25 @@ class StopFlag:
         self._last = (step, now)
         self._start(step, per_step, report() if report is not None else None)
         known = self._per_step_s
-        if flush or known is None or self.interval(known) * known >= LAG_S:
+        if report is not None:
+            self._schedule_report(step, known)
+        if flush or known is None or self._steps_to_next(step, known) * known >= LAG_S:
             read.append(self._finish())
+            if report is not None:  # the round just read knows the pace better
+                self._schedule_report(step, self._per_step_s)
         self._next = step + self.interval(self._per_step_s or 0.0)
         return read
+
+    def _schedule_report(self, step: int, per_step_s: float | None) -> None:
+        """After a report at ``step``: the next falls ``report_s`` on at ``per_step_s`` (an
+        agreed pace, so every rank schedules alike), on a multiple of ``log_every``."""
+        gap = math.ceil(self._report_s / per_step_s) if self._report_s and per_step_s else 1
+        self._next_report = step + gap
+
+    def _steps_to_next(self, step: int, per_step_s: float) -> int:
+        """Steps from ``step`` to the next round: a check's, or a report's if sooner."""
+        report = -(-max(self._next_report, step + 1) // self._log_every) * self._log_every
+        return min(self.interval(per_step_s), report - step)
 
     def settle(self) -> Round | None:
         """Read the pending round, if any (every rank at the same point): when training ends

@@ -31,8 +31,8 @@ n0)`` with n the ``iteration`` (every iteration recorded since the module's firs
 the interval, like the step's other parts. One sampled iteration per report swung from 0.3 to
 6.4 ms on a 2-rank CPU run whose mean backward was 1.7 ms, and often exceeded it. On CUDA the
 logger waits for a sampled iteration's events at the next forward, a host-device sync, so
-there the sample rate stays the report interval (``log_every``) and a report carries one
-iteration's sample; so does a module that ran before it was watched.
+there the sample rate is 10 steps (or ``log_every``; a report spans one or more such periods)
+and a report carries the latest sample; so does a module that ran before it was watched.
 
 Reported: ``sync_time_s`` (= comm time), ``sync_exposed_s`` (comm time less its overlap with
 backward compute: from the last gradient to the last bucket reduced), ``sync_bytes`` and

@@ -86,7 +86,7 @@ def end_step(w: ScriptWatch, record: Any = None) -> None:
     w._phase("stop_check")
     stopping = False
     if agreeing(w):
-        due = w.step % w.cfg.log_every == 0 or last
+        due = w.stop.report_due(w.step) or last
         rounds = w.stop.after_step(w.step, (lambda: report_row(w)) if due else None, flush=last)
         stopping = w.reporter.publish(rounds, w.step, w.epoch) or w.stop.stopping
         if due:

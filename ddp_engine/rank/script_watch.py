@@ -90,7 +90,7 @@ class ScriptWatch:
         self.device = torch.device("cpu")
         self.timer: StepTimer | None = None
         source, self.sync_note = sync_source(cfg.sync_timing)
-        self.reducer_timing = (ReducerTiming(cfg.log_every)
+        self.reducer_timing = (ReducerTiming(cfg.report_pace[0])
                                if cfg.telemetry and source == "reducer" else None)
         """Sync timing from the latest DDP module's reducer timers (else the timing hook)."""
         self.sampler: DeviceSampler | None = None

@@ -110,7 +110,7 @@ class Trainer:
         if self.timer is not None:
             source, self.sync_note = sync_source(cfg.sync_timing)
             if source == "reducer":
-                self.reducer_timing = ReducerTiming(cfg.log_every)
+                self.reducer_timing = ReducerTiming(cfg.report_pace[0])
                 self.reducer_timing.watch(self.model)
             else:
                 self._loss_factor = 1.0 / self.world
@@ -229,7 +229,7 @@ class Trainer:
                 checkpoint_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
                 # A checkpoint step is a reporting step too, read at once: the loss is checked
                 # before the weights are saved, so a NaN never reaches last.pt.
-                report_due = step % cfg.log_every == 0 or last or checkpoint_due
+                report_due = self.stop.report_due(step) or last or checkpoint_due
                 self._phase("stop_check")
                 rounds = self.stop.after_step(
                     step, (lambda: self._report(interval)) if report_due else None,

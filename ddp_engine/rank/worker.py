@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = RunConfig.from_dict(load_config_file(args.config), source=f"config {args.config}")
     setup_logging(root=cfg.script is None)
-    stop = StopFlag(cfg.stop_check_every)
+    stop = StopFlag.from_config(cfg)
     # Before init: a stop during start-up is kept, not lost.
     stop.install_signal_handlers(grace_s=cfg.shutdown_timeout_s)
     if cfg.script is not None:

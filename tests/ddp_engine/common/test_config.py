@@ -23,7 +23,7 @@ from ddp_engine.launch.cli import split_script_args
     ({"max_steps": -5}, r"max_steps must be >= 1, got -5"),
     ({"epochs": 0}, r"epochs must be >= 1, got 0"),
     ({"grad_accum": 0}, r"grad_accum must be >= 1, got 0"),
-    ({"log_every": 0}, r"log_every must be >= 1, got 0"),
+    ({"log_every": -1}, r"log_every must be >= 0, got -1"),
     ({"lr": 0.0}, r"lr must be a finite number > 0, got 0.0"),
     ({"lr": float("nan")}, r"lr must be a finite number > 0, got nan"),
     ({"model": "resnet50"}, r"model: unknown model 'resnet50'; known: mlp, convnet, resnet18, "

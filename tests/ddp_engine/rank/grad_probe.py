@@ -22,7 +22,7 @@ def trained(ctx, accum: int, telemetry: bool
     cfg = RunConfig(optimizer="sgd", momentum=0.0, lr=0.5, max_steps=3, batch_size=8,
                     grad_accum=accum, telemetry=telemetry, dataset_args={"num_samples": 256})
     folder = Path(tempfile.mkdtemp(prefix="grad-probe-"))
-    trainer = Trainer(cfg, ctx, folder, StopFlag(cfg.stop_check_every, ctx.side_group))
+    trainer = Trainer(cfg, ctx, folder, StopFlag.from_config(cfg, ctx.side_group))
     assert (trainer.timer is not None) == telemetry
     trainer.sampler.set_epoch(0)
     batches = iter(trainer.loader)

@@ -4,6 +4,7 @@ slow steps are checked often enough that a stop waits about one step."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -13,6 +14,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ddp_engine.common.config import RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
 from ddp_engine.rank.distributed import (
     LOST_LAUNCHER,
@@ -83,6 +85,66 @@ def test_slow_steps_on_one_rank_are_checked_every_step_on_all(tmp_path: Path) ->
 def test_the_check_interval_is_at_most_every_and_about_stop_check_s(per_step_s: float,
                                                                     steps: int) -> None:
     assert StopFlag(5).interval(per_step_s) == steps
+
+
+def _paced_rank(rank: int, port: int, slow_s: float, out: str) -> None:
+    """Rank ``rank`` of 2 as the loop drives the flag with paced reports (log_every 3, at least
+    0.1 s apart, checks with the reports): steps of ``slow_s`` on rank 1, none on rank 0. Writes
+    the reporting steps, the pace each report's schedule was made with, and the rounds."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        flag = StopFlag(0, dist.group.WORLD, log_every=3, report_s=0.1)
+        reports, paces = [], []
+        for step in range(1, 121):
+            if rank == 1:
+                time.sleep(slow_s)
+            due = flag.report_due(step)
+            row = (lambda at=step: [float(at)]) if due else None
+            flag.after_step(step, row, flush=step == 120)
+            if due:
+                reports.append(step)
+                paces.append(flag._per_step_s)
+        Path(out, f"rank{rank}.json").write_text(json.dumps(
+            {"reports": reports, "paces": paces, "rounds": flag.rounds}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_paced(tmp_path: Path, slow_s: float) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_paced_rank, args=(port, slow_s, str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("slow_s", [0.004, 0.06])
+def test_paced_reports_fall_on_multiples_at_least_report_s_apart_alike_on_every_rank(
+        tmp_path: Path, slow_s: float) -> None:
+    ranks = _run_paced(tmp_path, slow_s)
+    assert ranks[0] == ranks[1]  # the same reporting steps, paces and rounds everywhere
+    reports, paces = ranks[0]["reports"], ranks[0]["paces"]
+    assert reports[0] == 3 and all(s % 3 == 0 for s in reports)
+    for at, nxt, pace in zip(reports, reports[1:], paces, strict=False):
+        # the first multiple of 3 at least 0.1 s on, at the pace the rounds had agreed
+        gap = math.ceil(0.1 / pace) if pace else 1
+        assert nxt == -(-(at + gap) // 3) * 3, (at, nxt, pace)
+    if slow_s < 0.01:  # short steps: reports skip multiples, and a round goes with each alone
+        assert len(reports) < 120 // 3 / 3, reports
+        assert set(ranks[0]["rounds"]) <= set(reports) | {120}, ranks[0]["rounds"]
+    else:  # 60 ms steps: every multiple reports (0.18 s apart), and a stop waits < 0.5 s
+        assert reports == list(range(3, 121, 3))
+        rounds = ranks[0]["rounds"]
+        assert max(b - a for a, b in zip(rounds, rounds[1:], strict=False)) <= 8
+
+
+def test_report_pace_is_timed_by_default_and_exact_when_log_every_is_given() -> None:
+    assert RunConfig().report_pace == (10, 0.2)
+    assert RunConfig(log_every=3).report_pace == (3, 0.0)
+    flag = StopFlag.from_config(RunConfig(log_every=3))
+    assert [s for s in range(1, 10) if flag.report_due(s)] == [3, 6, 9]  # nothing read yet
 
 
 def test_a_lost_launcher_stops_every_rank_as_a_failure_naming_its_node(tmp_path: Path) -> None:

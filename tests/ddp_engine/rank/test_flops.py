@@ -98,7 +98,7 @@ def _trainer(ctx, folder: Path) -> Trainer:
     folder.mkdir()
     cfg = RunConfig(model="convnet", optimizer="sgd", lr=0.1, max_steps=1, batch_size=16,
                     dataset_args={"num_samples": 256})  # convnet: BatchNorm
-    return Trainer(cfg, ctx, folder, StopFlag(cfg.stop_check_every, ctx.side_group))
+    return Trainer(cfg, ctx, folder, StopFlag.from_config(cfg, ctx.side_group))
 
 
 def test_counting_on_the_ddp_module_starts_no_allreduce_and_changes_no_step(ctx, tmp_path) -> None:

@@ -38,7 +38,7 @@ def watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setenv(k, v)
     cfg = RunConfig(script="train.py", log_every=5, run_dir=str(tmp_path),
                     sync_timing=getattr(request, "param", "reducer"))
-    stop = StopFlag(cfg.stop_check_every)
+    stop = StopFlag.from_config(cfg)
     telemetry = Telemetry(tmp_path, welcome_extra={}, on_stop=stop.request, port=None)
     w = ScriptWatch(cfg, DistInfo(0, 0, 1, 1), tmp_path, stop, telemetry, None)
     w.install()

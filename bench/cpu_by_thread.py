@@ -1,5 +1,6 @@
 """Where the CPU goes in one run, seen from outside: CPU seconds of the launcher and each rank,
-per thread (psutil every 0.2 s), over the run's steady middle (issue 16's analysis).
+per thread (psutil every 0.2 s), with each process's minor page faults and context switches
+per second, over the run's steady middle (issue 16's analysis).
 
     .venv/bin/python bench/cpu_by_thread.py [--plain] [extra launch flags]
 
@@ -20,7 +21,15 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-Snapshot = dict[int, tuple[str, float, dict[int, float], dict[int, str]]]
+Snapshot = dict[int, tuple[str, float, dict[int, float], dict[int, str], tuple[int, int, int]]]
+
+
+def _faults_and_switches(p: psutil.Process) -> tuple[int, int, int]:
+    """(minor page faults, voluntary and involuntary context switches) of a whole process."""
+    stat = Path(f"/proc/{p.pid}/stat").read_text()
+    minflt = int(stat[stat.rindex(")") + 2:].split()[7])  # field 10, counting from 1
+    switches = p.num_ctx_switches()
+    return minflt, switches.voluntary, switches.involuntary
 
 
 def _snapshot(root: psutil.Process) -> Snapshot:
@@ -36,7 +45,8 @@ def _snapshot(root: psutil.Process) -> Snapshot:
                 cpu = p.cpu_times()
                 threads = {t.id: t.user_time + t.system_time for t in p.threads()}
                 cmd = " ".join(p.cmdline()[1:4])[:60]
-        except psutil.Error:
+                counts = _faults_and_switches(p)
+        except (psutil.Error, OSError):
             continue
         names = {}
         for tid in threads:
@@ -44,7 +54,7 @@ def _snapshot(root: psutil.Process) -> Snapshot:
                 names[tid] = Path(f"/proc/{p.pid}/task/{tid}/comm").read_text().strip()
             except OSError:
                 names[tid] = "?"
-        out[p.pid] = (cmd, cpu.user + cpu.system, threads, names)
+        out[p.pid] = (cmd, cpu.user + cpu.system, threads, names, counts)
     return out
 
 
@@ -79,12 +89,15 @@ def main() -> None:
     last = max(i for i, (t, _s) in enumerate(history) if t <= history[-1][0] - 1.0)
     (t1, s1), (t2, s2) = history[first], history[last]
     print(f"{'plain' if plain else 'engine'}: steady window {t1:.1f}..{t2:.1f} s")
-    for pid, (cmd, cpu, threads, names) in s2.items():
+    for pid, (cmd, cpu, threads, names, counts) in s2.items():
         if pid not in s1:
             continue
         before = s1[pid]
         used = cpu - before[1]
+        rate = [(n - b) / (t2 - t1) for n, b in zip(counts, before[4], strict=True)]
         print(f"pid {pid:6d} {used:6.2f} s CPU = {100 * used / (t2 - t1):5.1f}% of a core  {cmd}")
+        print(f"      per second: {rate[0]:8.0f} minor faults, {rate[1]:6.0f} voluntary and "
+              f"{rate[2]:6.0f} involuntary context switches")
         spent = {tid: s - before[2].get(tid, 0.0) for tid, s in threads.items()}
         for tid, s in sorted(spent.items(), key=lambda kv: -kv[1])[:8]:
             if s > 0.01:

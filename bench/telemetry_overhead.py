@@ -9,9 +9,9 @@ rank, SGD (lr 0.01, no momentum), 2 CPU ranks with gloo, OMP_NUM_THREADS=1 for e
 600 steps, throughput over steps 150..600. Variants:
 
 - ``plain``: bench/plain_ddp.py, the standard DDP recipe and nothing else, under plain torchrun;
-- ``on``: ``python -m ddp_engine launch`` with the default settings (telemetry on, metrics every
-  10 steps, agreed-stop rounds at most every 5); validation off (``eval_every 0``: the plain
-  loop has none);
+- ``on``: ``python -m ddp_engine launch`` with the default settings (telemetry on, metrics on
+  multiples of 10 steps at least 0.2 s apart, an agreed-stop round with each); validation
+  off (``eval_every 0``: the plain loop has none);
 - ``off``: the same with ``--no-telemetry``;
 - ``hook``: ``on`` with ``--sync-timing hook`` (sync timed by Rankscope's comm hook on every
   step, the default before issue 29; ``on`` reads DDP's reducer timers once per report);
@@ -22,8 +22,8 @@ rank, SGD (lr 0.01, no momentum), 2 CPU ranks with gloo, OMP_NUM_THREADS=1 for e
 Each repetition runs every variant once, back to back, in a rotating order, so that the
 machine's noise hits them alike. Each ratio is taken within a repetition (paired) and reported
 as the median over repetitions with its range; the ratio of the medians is printed beside it.
-Engine throughput comes from the "time" stamps of rank 0's metrics at the two steps; the plain
-loop measures the same steps itself.
+Engine throughput comes from the "time" stamps of rank 0's metrics: the first report at or
+after the warm-up and the last step's; the plain loop measures from the warm-up itself.
 
 ``--sweep`` repeats ``plain`` against ``on`` at other step times (model width and batch: about
 3, 5, 9, 20 and 100 ms per step here; a fixed per-step cost shows most at short steps) and, with
@@ -85,9 +85,13 @@ def engine_run(repo: Path, config: Path, w: Workload, nproc: int, work: Path,
     subprocess.run([sys.executable, "-m", "ddp_engine", "launch", "--config", str(config),
                     "--run-dir", str(run_dir), *extra], check=True, capture_output=True,
                    cwd=repo, env=env)
-    reports = {m["step"]: m for m in iter_metrics(run_dir) if m["type"] == "metrics"}
-    samples = (w.steps - w.warmup) * w.batch * nproc
-    return samples / (reports[w.steps]["time"] - reports[w.warmup]["time"])
+    # Reports are paced (RunConfig.report_pace): the first at or after the warm-up, and the last step's.
+    reports = [m for m in iter_metrics(run_dir) if m["type"] == "metrics"]
+    first = next(m for m in reports if m["step"] >= w.warmup)
+    last = reports[-1]
+    assert last["step"] == w.steps, (last["step"], w.steps)
+    samples = (last["step"] - first["step"]) * w.batch * nproc
+    return samples / (last["time"] - first["time"])
 
 
 def plain_run(config: Path, w: Workload, nproc: int) -> float:

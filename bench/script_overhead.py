@@ -5,13 +5,13 @@ same file under plain torchrun, side by side.
 
 Each repetition runs the script once under plain ``torchrun --nproc-per-node 2`` and once under
 ``python -m ddp_engine launch --script examples/ddp_train.py --nproc 2`` (default settings:
-telemetry on, reports every 10 steps), back to back in alternating order, 2 CPU ranks with gloo,
-OMP_NUM_THREADS=1 for both. The throughput is what the script itself prints for each epoch
-(rank 0's "N samples/s"); the first epoch is warm-up and left out, the others' median is the
-run's. The ratio (Rankscope / plain) is taken within each repetition; the median over
-repetitions is printed with its range and how many repetitions were slower under Rankscope.
-``--hidden`` sets the script's MLP width (its default is 256: about 2 ms steps here; 1024: about
-12 ms).
+telemetry on, reports on multiples of 10 steps at least 0.2 s apart), back to back in
+alternating order, 2 CPU ranks with gloo, OMP_NUM_THREADS=1 for both. The throughput is what
+the script itself prints for each epoch (rank 0's "N samples/s"); the first epoch is warm-up
+and left out, the others' median is the run's. The ratio (Rankscope / plain) is taken within
+each repetition; the median over repetitions is printed with its range and how many
+repetitions were slower under Rankscope. ``--hidden`` sets the script's MLP width (its default
+is 256: about 2 ms steps here; 1024: about 12 ms).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QDialogButtonBox, QLabel, QToolBar
 from app.dialogs import RemoteAttachDialog
 from app.main_window import MainWindow
 from ddp_engine.common.protocol import read_monitor_file
-from ddp_engine.common.run_dir import read_rank_files, read_status
+from ddp_engine.common.run_dir import iter_metrics, read_rank_files, read_status
 from ddp_engine.rank.telemetry import Telemetry
 from tests.conftest import (
     FAULTY,
@@ -96,8 +96,11 @@ def test_a_whole_run_from_the_gui_to_completion(qtbot, window: MainWindow) -> No
     qtbot.waitUntil(lambda: window.dashboard.drawn_version == store.version
                     and window.dashboard.labels_version == store.version, timeout=5000)
     assert window.dashboard.loss.chart.points("rank 1") > 0
-    assert window.dashboard.throughput.chart.points("all ranks") == 6
-    assert window.dashboard.sync.sync.points("rank 0") == 6
+    # every report drawn: the run's reports are paced (multiples of 10 steps, 0.2 s apart)
+    reports = [m["step"] for m in iter_metrics(run_dir) if m["type"] == "metrics"]
+    assert reports[0] == 10 and reports[-1] == 60
+    assert window.dashboard.throughput.chart.points("all ranks") == len(reports)
+    assert window.dashboard.sync.sync.points("rank 0") == len(reports)
     assert "step 60/60" in window.dashboard.progress_label.text()
     logs = window.logs
     qtbot.waitUntil(lambda: logs.poll_once() or [logs.rank.itemText(i) for i in range(

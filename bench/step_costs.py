@@ -14,10 +14,14 @@ well under a second inside one run shares the machine's noise far better than se
   reducer's sampled timers; the device sampler thread runs);
 - ``timed``: ``nohb`` plus the heartbeat's phase updates, as in a run;
 - ``hook``: ``timed`` with ``--sync-timing hook`` (Rankscope's comm hook on every step);
-- ``+rounds``: ``timed`` plus the agreed-stop rounds as the engine runs them by default (an
+- ``+rounds``: ``timed`` plus the agreed-stop rounds as the engine ran them before issue 29 (an
   asynchronous all-gather every 10 steps, read a round later);
 - ``+reports``: ``+rounds`` plus a report every 10 steps (loss, timing, device readings,
-  gathered in the rounds, published by rank 0 to metrics.jsonl through the telemetry thread).
+  gathered in the rounds, published by rank 0 to metrics.jsonl through the telemetry thread),
+  as ``--log-every 10`` runs;
+- ``+paced``: ``+rounds`` plus the reports at the default pace (issue 29: multiples of 10 steps
+  at least 0.2 s apart, each with its round), as a run at the default settings. Give it blocks
+  long enough to hold a few reports (``--block-steps 200`` at 5 ms steps).
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.two_ranks import endless, main, on_two_ranks, rank_folder, workload  # noqa: E402
 
-VARIANTS = ("plain", "step", "nohb", "timed", "hook", "+rounds", "+reports")
+VARIANTS = ("plain", "step", "nohb", "timed", "hook", "+rounds", "+reports", "+paced")
 PAIRS = (("step", "plain"), ("nohb", "step"), ("timed", "nohb"), ("hook", "timed"),
-         ("+rounds", "timed"), ("+reports", "+rounds"))
+         ("+rounds", "timed"), ("+reports", "+rounds"), ("+paced", "timed"),
+         ("+paced", "+reports"))
 """Each piece against the variant without it."""
 
 
@@ -53,6 +58,10 @@ def launch(args: argparse.Namespace) -> None:
         print(f"  {name:<12} {1000 * v:10.3f}       {1e6 * (v - base):+10.0f}              "
               f"{(v - base) / base:+7.1%}      {1000 * cpu[name]:8.3f} "
               f"({1e6 * (cpu[name] - cpu['plain']):+5.0f})")
+    for name, rounds in got["rounds"].items():
+        gaps = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
+        print(f"rounds {name}: {len(rounds)}, steps apart: median {statistics.median(gaps)}, "
+              f"min {min(gaps)} (blocks of each variant restart its schedule)")
     print("side by side, block by block (the same block of the run): with - without")
     for more, less in PAIRS:
         diffs = [a - b for a, b in zip(blocks[more], blocks[less], strict=True)]
@@ -81,7 +90,8 @@ def rank_side(args: argparse.Namespace) -> None:
                  if rank == 0 else None)
     heartbeat = Heartbeat(work, rank)
     heartbeat.start()
-    stop_flag = StopFlag.from_config(cfg, ctx.side_group)  # the defaults
+    stop_flag = StopFlag(10, ctx.side_group)  # rounds and reports every 10 steps, as before
+    paced = StopFlag.from_config(cfg, ctx.side_group)  # the defaults (issue 29)
     untimed = Trainer(RunConfig(**{**cfg.to_dict(), "telemetry": False}), ctx, work,
                       StopFlag.from_config(cfg, ctx.side_group))
     timed = Trainer(cfg, ctx, work, stop_flag, telemetry, heartbeat)
@@ -106,7 +116,8 @@ def rank_side(args: argparse.Namespace) -> None:
         plain_opt.step()
         plain_opt.zero_grad(set_to_none=True)
 
-    def engine_step(trainer: Trainer, rounds: bool = False, reports: bool = False) -> None:
+    def engine_step(trainer: Trainer, rounds: bool = False, reports: bool = False,
+                    flag: StopFlag = stop_flag) -> None:
         loss = trainer._train_step(feeds[id(trainer)])
         step["n"] += 1
         n = step["n"]
@@ -114,8 +125,8 @@ def rank_side(args: argparse.Namespace) -> None:
         if rounds:
             trainer.pos.step = n
             trainer._phase("stop_check")
-            got = stop_flag.after_step(
-                n, (lambda: trainer._report(interval)) if reports and n % 10 == 0 else None)
+            due = flag.report_due(n) if flag is paced else reports and n % 10 == 0
+            got = flag.after_step(n, (lambda: trainer._report(interval)) if due else None)
             trainer.reporter.publish(got, n, 0)
 
     runs = {
@@ -126,13 +137,15 @@ def rank_side(args: argparse.Namespace) -> None:
         "hook": lambda: engine_step(hooked),
         "+rounds": lambda: engine_step(timed, rounds=True),
         "+reports": lambda: engine_step(timed, rounds=True, reports=True),
+        "+paced": lambda: engine_step(timed, rounds=True, flag=paced),
     }
     per_step: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}  # the main thread's CPU time
     for _ in range(5):  # warm-up: DDP rebuilds its buckets after the first iterations
         for name in VARIANTS:
             runs[name]()
-    stop_flag.after_step(step["n"] + 1, flush=True)  # nothing left pending between blocks
+    for flag in (stop_flag, paced):  # nothing left pending between blocks
+        flag.after_step(step["n"] + 1, flush=True)
     for block in range(args.blocks):
         k = block % len(VARIANTS)
         for name in VARIANTS[k:] + VARIANTS[:k]:
@@ -143,15 +156,18 @@ def rank_side(args: argparse.Namespace) -> None:
                 runs[name]()
             per_step[name].append((time.perf_counter() - t0) / args.block_steps)
             cpu[name].append((time.thread_time() - c0) / args.block_steps)
-            stop_flag.settle()  # read what the block left, outside its time
-            # the next block's rounds pace themselves on its own steps, not on the gap
-            stop_flag._next, stop_flag._last = None, (0, 0.0)
+            for flag in (stop_flag, paced):
+                flag.settle()  # read what the block left, outside its time
+                # the next block's rounds pace themselves on its own steps, not on the gap
+                flag._next, flag._last = None, (0, 0.0)
     if rank == 0:
         Path(args.out).write_text(json.dumps({"median": {k: statistics.median(v)
                                                          for k, v in per_step.items()},
                                               "blocks": per_step,
                                               "cpu": {k: statistics.median(v)
-                                                      for k, v in cpu.items()}}))
+                                                      for k, v in cpu.items()},
+                                              "rounds": {"every 10": stop_flag.rounds,
+                                                         "paced": paced.rounds}}))
     heartbeat.close()
     if telemetry is not None:
         telemetry.close()

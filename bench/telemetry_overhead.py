@@ -27,8 +27,8 @@ after the warm-up and the last step's; the plain loop measures from the warm-up 
 
 ``--sweep`` repeats ``plain`` against ``on`` at other step times (model width and batch: about
 3, 5, 9, 20 and 100 ms per step here; a fixed per-step cost shows most at short steps) and, with
-``--png``, plots the ratio against the step time; ``--old FILE`` draws an earlier sweep's points
-beside it (a JSON list of ``{"step_ms", "median"}``, as bench/results/ keeps them).
+``--png``, plots the ratio against the step time; ``--old FILE`` (up to three) draws an earlier
+sweep's points beside it (a JSON list of ``{"step_ms", "median"}``, as bench/results/ keeps them).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,10 +158,10 @@ def report(results: dict[str, list[float]]) -> None:
 
 
 def plot(points: list[dict[str, float]], path: Path,
-         old: tuple[str, list[dict[str, float]]] | None = None) -> None:
-    """The paired ratio on/plain against the plain loop's step time, with its range, and an
-    earlier sweep's medians (``old``: its label and points) beside it; drawn with the app's own
-    Chart and saved as PNG."""
+         old: Sequence[tuple[str, list[dict[str, float]]]] = ()) -> None:
+    """The paired ratio on/plain against the plain loop's step time, with its range, and
+    earlier sweeps' medians (``old``: each one's label and points) beside it; drawn with the
+    app's own Chart and saved as PNG."""
     import numpy as np
     import pyqtgraph as pg
     from PySide6.QtCore import Qt
@@ -177,15 +178,13 @@ def plot(points: list[dict[str, float]], path: Path,
     chart.getAxis("bottom").setTicks([[(float(v), f"{p['step_ms']:.1f}")
                                        for v, p in zip(x, points, strict=True)], []])
     lows = [p["min"] for p in points]
-    if old is not None:
-        label, was = old
+    span = x
+    for (label, was), hue, symbol in zip(old, (3, 4, 5), ("t", "s", "d"), strict=False):
         ox = np.log10([p["step_ms"] for p in was])
-        chart.set_data(label, ox, np.array([p["median"] for p in was]), color(3),
-                       symbol="t")
+        chart.set_data(label, ox, np.array([p["median"] for p in was]), color(hue),
+                       symbol=symbol)
         lows += [p["median"] for p in was]
-        span = np.concatenate([x, ox])
-    else:
-        span = x
+        span = np.concatenate([span, ox])
     chart.set_data("now: paired median", x, np.array([p["median"] for p in points]), color(0),
                    symbol="o")
     chart.set_data("min", x, np.array([p["min"] for p in points]), color(1), dashed=True)
@@ -216,8 +215,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the raw results here")
     parser.add_argument("--replot", type=Path, help="draw --png from a --json file of an "
                         "earlier sweep instead of measuring")
-    parser.add_argument("--old", type=Path, help="with --png: an earlier sweep's points "
-                        "(JSON: {\"label\": ..., \"points\": [{\"step_ms\", \"median\"}]})")
+    parser.add_argument("--old", type=Path, action="append", default=[],
+                        help="with --png: an earlier sweep's points (JSON: {\"label\": ..., "
+                        "\"points\": [{\"step_ms\", \"median\"}]}); may be given twice")
     args = parser.parse_args()
     variants = (args.variants.split(",") if args.variants
                 else ["plain", "on", "off"] + (["before"] if args.base else []))
@@ -251,8 +251,8 @@ def main() -> None:
             print(f"  {p['step_ms']:7.1f} ms        {p['median']:.3f} ({p['min']:.3f}.."
                   f"{p['max']:.3f})")
         if args.png:
-            old = json.loads(args.old.read_text()) if args.old else None
-            plot(points, args.png, (old["label"], old["points"]) if old else None)
+            olds = [json.loads(path.read_text()) for path in args.old]
+            plot(points, args.png, [(old["label"], old["points"]) for old in olds])
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
 

@@ -113,6 +113,10 @@ def test_each_count_gets_its_own_launch_config(tmp_path: Path) -> None:
     assert (sub.max_steps, sub.epochs, sub.dry_run) == (7, None, False)
     assert sub.run_dir == str(tmp_path / "nproc-2") and sub.name == "exp-nproc-2"
     assert plan.subrun_config(1, tmp_path).gpus == [1]
+    # every 10 steps, not paced by time: a count's throughput is a median over its reports
+    assert sub.log_every == 10 and cfg.log_every == 0
+    given = plan_sweep(RunConfig(log_every=5), [1], gpu_count=0, cpu_count=2)
+    assert given.subrun_config(1, tmp_path).log_every == 5
     cpu = plan_sweep(RunConfig(name="n" * 64), gpu_count=0, cpu_count=2)
     name = cpu.subrun_config(1, tmp_path).name
     assert name is not None and len(name) == 64 and name.endswith("-nproc-1")

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.charts.base import Chart
+from app.doctor_tables import WARNING_STYLE
 from app.launcher_process import LauncherProcess
 from app.run_model import plural
 from ddp_engine.common.child_env import build_env
@@ -72,6 +73,11 @@ class ScalingView(QWidget):
         self.label = QLabel("no sweep yet: the launch form's config, K steps per device count")
         self.label.setObjectName("sweep_label")
         self.label.setWordWrap(True)
+        self.warnings = QLabel()  # counts whose numbers are not to be trusted, and why
+        self.warnings.setObjectName("sweep_warnings")
+        self.warnings.setWordWrap(True)
+        self.warnings.setStyleSheet(WARNING_STYLE)
+        self.warnings.hide()
         self.throughput = Chart("Throughput by device count", "samples/s", x_label="devices",
                                 x_counts=True)
         self.efficiency = Chart("Scaling efficiency", "efficiency (1 = linear)",
@@ -90,6 +96,7 @@ class ScalingView(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(row)
         layout.addWidget(self.label)
+        layout.addWidget(self.warnings)
         layout.addLayout(charts, 1)
         self.stop_button.clicked.connect(self.stop)
         self.timer = QTimer(self)
@@ -197,12 +204,18 @@ class ScalingView(QWidget):
                                      dashed=True)
         parts = [f"{self.group_dir.name if self.group_dir else ''}: {group.get('state')}"
                  + (" (live)" if live else "")]
+        warnings = []
         for r in rows:
             thr_r, eff_r = r.get("samples_per_s"), r.get("efficiency")
             parts.append(f"{plural(r['nproc'], 'device')}: "
                          + (f"{thr_r:,.0f} samples/s" if thr_r is not None else r.get("state")
                             or "?")
-                         + (f", efficiency {eff_r:.2f}" if eff_r is not None else ""))
+                         + (f", efficiency {eff_r:.2f}" if eff_r is not None else "")
+                         + (" (\u26a0)" if r.get("warning") else ""))
+            if r.get("warning"):
+                warnings.append(f"\u26a0 {plural(r['nproc'], 'device')}: {r['warning']}")
+        self.warnings.setText("\n".join(warnings))
+        self.warnings.setVisible(bool(warnings))
         if live and group.get("current"):
             parts.append(f"training {group['current']}...")
         if group.get("reason"):

@@ -122,18 +122,39 @@ def efficiencies(throughputs: Mapping[int, float | None]) -> dict[int, float | N
     return {n: (measured[n] / (per_device * n) if n in measured else None) for n in throughputs}
 
 
-def result_rows(runs: Sequence[tuple[int, str | None, float | None, float | None]]
+MIN_REPORTS = 3
+"""Fewer reports than this leave no steady median (the first, warm-up, is kept)."""
+MAX_EFFICIENCY = 1.1
+"""Above this, scaling better than linear: a measurement to distrust, not a result."""
+
+
+def count_warning(reports: int, efficiency: float | None) -> str | None:
+    """Why a count's numbers should not be trusted, in words, or None: too few reports to leave
+    out the warm-up, or an efficiency above :data:`MAX_EFFICIENCY`."""
+    if reports < MIN_REPORTS:
+        return (f"only {reports} report{'s' if reports != 1 else ''}: the throughput includes "
+                f"the warm-up; raise --steps (at least {MIN_REPORTS} reports)")
+    if efficiency is not None and efficiency > MAX_EFFICIENCY:
+        return (f"efficiency {efficiency:.2f} is above {MAX_EFFICIENCY}, better than linear: "
+                "the smaller count was slowed (warm-up, other work on the machine); raise "
+                "--steps or run again")
+    return None
+
+
+def result_rows(runs: Sequence[tuple[int, str | None, float | None, float | None, int]]
                 ) -> list[dict[str, Any]]:
-    """group.json's ``results``: one row per finished count.
+    """group.json's ``results``: one row per finished count, with ``warning`` (see
+    :func:`count_warning`) where its numbers are not to be trusted.
 
     Args:
-        runs: ``(nproc, state, samples_per_s, step_time_s)`` per finished count.
+        runs: ``(nproc, state, samples_per_s, step_time_s, reports)`` per finished count.
     """
-    eff = efficiencies({n: thr for n, _, thr, _ in runs})
+    eff = efficiencies({n: thr for n, _, thr, _, _ in runs})
     return [{"nproc": n, "run": subrun_name(n), "state": state, "samples_per_s": thr,
              "samples_per_s_per_device": thr / n if thr is not None else None,
-             "efficiency": eff[n], "step_time_s": step_time}
-            for n, state, thr, step_time in runs]
+             "efficiency": eff[n], "step_time_s": step_time, "reports": reports,
+             "warning": count_warning(reports, eff[n]) if thr is not None else None}
+            for n, state, thr, step_time, reports in runs]
 
 
 # ---------------------------------------------------------------------------------- planning

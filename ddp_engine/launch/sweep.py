@@ -79,7 +79,7 @@ class Sweep:
         self.out = out
         self.env = build_env()
         self.pending = list(plan.counts)
-        self.finished: list[tuple[int, str | None, float | None, float | None]] = []
+        self.finished: list[tuple[int, str | None, float | None, float | None, int]] = []
         self.signals: list[str] = []
         self.child: subprocess.Popen[bytes] | None = None
         self.child_nproc: int | None = None
@@ -240,8 +240,9 @@ class Sweep:
             why = status.get("reason") or ""
         if code == EXIT_FORCED or status.get("forced"):
             self.forced = True
-        thr, step_time = run_throughput(iter_metrics(sub))
-        self.finished.append((nproc, state, thr, step_time))
+        lines = [m for m in iter_metrics(sub) if m.get("type") == "metrics"]
+        thr, step_time = run_throughput(lines)
+        self.finished.append((nproc, state, thr, step_time, len(lines)))
         rows = result_rows(self.finished)
         self._write(results=rows, current=None)
         row = rows[-1]
@@ -254,6 +255,8 @@ class Sweep:
             if state != "completed":
                 line += f" ({state})"
         self._print(line)
+        if row["warning"]:
+            self._print(f"nproc {nproc}: warning: {row['warning']}")
         if self.signals:
             self._finish("stopped", self._stop_reason(f" during {sub.name}"))
         elif state == "failed":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_engine.common.sweep_plan import read_group
+from ddp_engine.common.sweep_plan import read_group, result_rows
 from tests.conftest import make_run_folder, processes_mentioning
 
 
@@ -36,6 +36,31 @@ def test_a_finished_sweep_opens_in_the_scaling_tab(open_window, tmp_path: Path) 
     assert list(eff) == [1.0, 0.9]
     assert "completed" in view.label.text() and "efficiency 0.90" in view.label.text()
     assert not view.stop_button.isEnabled()
+    assert view.warnings.isHidden() and "\u26a0" not in view.label.text()
+
+
+def test_a_count_the_sweep_distrusts_is_marked_and_says_why(open_window, tmp_path: Path) -> None:
+    """Issue 30 item 5: efficiency 4.07 from two usable reports was shown without a word."""
+    group = tmp_path / "runs" / "mlp-synthetic-sweep-1"
+    group.mkdir(parents=True)
+    for n in (1, 2):
+        make_run_folder(group, f"nproc-{n}", world_size=n)
+    rows = result_rows([(1, "completed", 3843.0, 0.01, 2), (2, "completed", 31309.0, 0.02, 4)])
+    (group / "group.json").write_text(json.dumps({
+        "kind": "scaling_sweep", "version": 1, "state": "completed", "counts": [1, 2],
+        "steps": 20, "device": "cpu", "config": {"model": "mlp"}, "started": 1.0,
+        "ended": 9.0, "sweep_pid": 1, "current": None, "reason": None, "results": rows}))
+    w = open_window(tmp_path / "runs")
+    assert w.open_run(group) == "group"
+    view = w.scaling
+    assert "1 device: 3,843 samples/s, efficiency 1.00 (\u26a0)" in view.label.text()
+    assert "efficiency 4.07 (\u26a0)" in view.label.text()
+    assert not view.warnings.isHidden()
+    assert view.warnings.text().splitlines() == [
+        "\u26a0 1 device: only 2 reports: the throughput includes the warm-up; raise --steps "
+        "(at least 3 reports)",
+        "\u26a0 2 devices: efficiency 4.07 is above 1.1, better than linear: the smaller count "
+        "was slowed (warm-up, other work on the machine); raise --steps or run again"]
 
 
 def test_bad_sweep_input_is_named_and_starts_nothing(open_window, tmp_path: Path) -> None:
@@ -78,6 +103,8 @@ def test_a_sweep_started_from_the_window_plots_every_count(qtbot, open_window,
     x, y = w.scaling.throughput.curves["measured"].getData()
     assert list(x) == [1, 2] and all(v > 0 for v in y)
     assert data["results"][0]["efficiency"] == pytest.approx(1.0)
+    # every 10 steps (the form's log_every is 0, the time pace): 3 reports, no warning for it
+    assert [r["reports"] for r in data["results"]] == [3, 3]
     w.runs.refresh()
     qtbot.waitUntil(lambda: w.runs.item(group / "nproc-2") is not None, timeout=10_000)
     assert w.runs.item(group).childCount() == 2

@@ -85,12 +85,26 @@ def test_efficiency_is_against_the_smallest_count_with_a_throughput() -> None:
 
 
 def test_result_rows_have_per_device_throughput_and_efficiency() -> None:
-    rows = result_rows([(1, "completed", 100.0, 0.01), (2, "completed", 150.0, 0.02),
-                        (4, "failed", None, None)])
+    rows = result_rows([(1, "completed", 100.0, 0.01, 5), (2, "completed", 150.0, 0.02, 5),
+                        (4, "failed", None, None, 0)])
     assert rows[1] == {"nproc": 2, "run": "nproc-2", "state": "completed",
                        "samples_per_s": 150.0, "samples_per_s_per_device": 75.0,
-                       "efficiency": 0.75, "step_time_s": 0.02}
+                       "efficiency": 0.75, "step_time_s": 0.02, "reports": 5, "warning": None}
     assert rows[2]["samples_per_s_per_device"] is None and rows[2]["efficiency"] is None
+    assert rows[2]["warning"] is None  # nothing measured: its state says why
+
+
+def test_a_count_with_too_few_reports_or_better_than_linear_scaling_is_flagged() -> None:
+    """Issue 30: a sweep reported efficiency 4.07 from two usable reports, without a word."""
+    rows = result_rows([(1, "completed", 3843.0, 0.01, 2), (2, "completed", 31309.0, 0.02, 4),
+                        (3, "completed", 3000.0, 0.03, 4)])
+    assert rows[0]["warning"] == ("only 2 reports: the throughput includes the warm-up; raise "
+                                  "--steps (at least 3 reports)")
+    assert rows[1]["efficiency"] == pytest.approx(4.07, abs=0.01)
+    assert rows[1]["warning"].startswith("efficiency 4.07 is above 1.1, better than linear")
+    assert rows[2]["warning"] is None  # 0.26: poor scaling is a result, not a doubt
+    assert result_rows([(1, "completed", 10.0, 0.1, 1)])[0]["warning"].startswith(
+        "only 1 report: ")
 
 
 # ------------------------------------------------------------------------------------- plan
@@ -274,6 +288,9 @@ def test_a_sweep_of_one_and_two_processes_completes(tmp_path: Path) -> None:
         assert sorted(p.name for p in (run / "ranks").glob("rank-*.json")) == [
             f"rank-{r}.json" for r in range(n)]
     first, second = group["results"]
+    assert first["reports"] == second["reports"] == 4  # --log-every 5 of 20 steps
+    assert first["warning"] is None
+    assert second["warning"] is None or second["efficiency"] > 1.1
     assert first["efficiency"] == 1.0
     assert second["efficiency"] == pytest.approx(
         second["samples_per_s"] / (2 * first["samples_per_s"]))

@@ -31,6 +31,10 @@ def steady_range(lo: float, hi: float, parts: int = 8) -> tuple[float, float]:
     about a ``parts``-th of its span: as data grows the range changes only when it crosses a
     step, not on every new point."""
     span = hi - lo
+    if span == 0:  # a constant (lr 0.001), or one point: a tenth of its size either side, not
+        # pyqtgraph's +-0.5, which drew 0.001 on the 0 line
+        pad = abs(lo) / 10 or 1.0
+        return steady_range(lo - pad, hi + pad, parts)
     if not (np.isfinite(span) and span > 0):
         return lo, hi
     magnitude = 10.0 ** np.floor(np.log10(span / parts))
@@ -74,6 +78,16 @@ def peak_thin(x: np.ndarray, y: np.ndarray, blocks: int,
 
 Bounds = tuple[float, float, float, float] | None
 """A curve's x min, x max, y min, y max over its finite points (None: it has none)."""
+
+
+def lone_points(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The finite points a line (``connect="finite"``) cannot draw: those without a finite
+    neighbour, such as the only report so far, or one between gaps."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    before = np.concatenate(([False], ok[:-1]))
+    after = np.concatenate((ok[1:], [False]))
+    lone = ok & ~before & ~after
+    return x[lone], y[lone]
 
 
 def finite_bounds(x: np.ndarray, y: np.ndarray) -> Bounds:
@@ -181,6 +195,7 @@ class Chart(pg.PlotWidget):
         self.legend.setVisible(False)  # an empty box until the first curve
         self.curves: dict[str, pg.PlotCurveItem | pg.PlotDataItem] = {}
         self._data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # as given, before thinning
+        self._dots: dict[pg.GraphicsObject, pg.ScatterPlotItem] = {}  # a curve's lone points
         self.marks: list[pg.InfiniteLine] = []  # vertical lines at events, until reset()
         self._thinned_for: tuple[int, tuple[float, float] | None] = (0, None)
         self.paint_s = 0.0  # how long its last paint took (the dashboard budgets frames)
@@ -315,6 +330,32 @@ class Chart(pg.PlotWidget):
         x, y = self._thin(x, y)
         self.view.known[item] = finite_bounds(x, y)
         item.setData(x, y, connect="finite")
+        self._show_lone_points(item, x, y)
+
+    def _show_lone_points(self, item: pg.PlotCurveItem | pg.PlotDataItem, x: np.ndarray,
+                          y: np.ndarray) -> None:
+        """A dot at each point the line cannot draw (see :func:`lone_points`), in the line's
+        colour and shown with it; none for a curve with markers of its own."""
+        if isinstance(item, pg.PlotDataItem) and item.opts.get("symbol") is not None:
+            return
+        lx, ly = lone_points(x, y)
+        dots = self._dots.get(item)
+        if dots is None:
+            if not len(lx):
+                return
+            pen = pg.mkPen(item.opts["pen"])
+            dots = pg.ScatterPlotItem(size=6, pen=pen, brush=pg.mkBrush(pen.color()))
+            self.addItem(dots)  # no name: not in the legend
+            self._dots[item] = dots
+            dots.setVisible(item.isVisible())
+            item.visibleChanged.connect(lambda: dots.setVisible(item.isVisible()))
+        self.view.known[dots] = finite_bounds(lx, ly)
+        dots.setData(lx, ly)
+
+    def lone_dots(self, name: str) -> int:
+        """How many lone points curve ``name`` draws as dots (tests)."""
+        dots = self._dots.get(self.curves.get(name))
+        return 0 if dots is None else len(dots.data)
 
     def _thin(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         self._thinned_for = self._thinning()
@@ -357,6 +398,7 @@ class Chart(pg.PlotWidget):
         self.marks.clear()
         self.curves.clear()
         self._data.clear()
+        self._dots.clear()
         self.view.known.clear()
         self.legend.setVisible(False)  # until the next run's first curve
         self.view.setRange(xRange=(0.0, 1.0), yRange=(0.0, 1.0), padding=0.0)

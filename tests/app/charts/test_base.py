@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from PySide6.QtCore import QPointF
 from PySide6.QtGui import QColor
 
-from app.charts.base import GRID, Chart, peak_thin, steady_range
+from app.charts.base import GRID, Chart, lone_points, peak_thin, steady_range
 from tests.app.conftest import shown_chart
 
 
@@ -40,7 +41,9 @@ def test_a_steady_range_snaps_outward_to_round_steps() -> None:
     assert steady_range(0.0123, 2.31) == (0.0, 2.5)  # steps of 0.5
     lo, hi = steady_range(-7.2, -3.1)
     assert lo <= -7.2 and hi >= -3.1 and (hi - lo) < 1.5 * 4.1
-    assert steady_range(5.0, 5.0) == (5.0, 5.0)  # nothing to widen: pyqtgraph pads it
+    lo, hi = steady_range(5.0, 5.0)  # no span: a tenth of the value either side, snapped
+    assert lo == pytest.approx(4.4) and hi == pytest.approx(5.6)
+    assert steady_range(0.0, 0.0) == (-1.0, 1.0)
     assert all(np.isnan(steady_range(float("nan"), 1.0)[:1]))
 
 
@@ -265,3 +268,41 @@ def test_a_note_says_why_a_chart_is_empty_inside_the_plot_and_is_no_data(qtbot) 
     assert note.boundingRect().width() > 500  # wrapped to the new width
     chart.set_note("")
     assert chart.note() == "" and not note.isVisible() and chart.legend.isVisible()
+
+
+def test_a_constant_series_is_drawn_inside_its_own_range_not_on_the_zero_line(qtbot) -> None:
+    """Issue 30 item 6: "lr: 0.001" was drawn on the 0 line of a +-0.5 axis."""
+    chart = shown_chart(qtbot)
+    chart.set_data("lr", np.arange(10.0) * 10, np.full(10, 0.001), "#1f77b4")
+    chart.settle()
+    lo, hi = chart.view.viewRange()[1]
+    assert 0.0 < lo < 0.001 < hi < 0.002, (lo, hi)
+
+
+def test_a_point_with_no_neighbour_is_drawn_as_a_dot(qtbot) -> None:
+    """Issue 30 item 6: a chart with one report showed its axes and no point; a line cannot
+    draw a point alone."""
+    chart = shown_chart(qtbot)
+    chart.set_data("rank 0", np.array([10.0]), np.array([2.5]), "#d62728")
+    chart.settle()
+    assert chart.lone_dots("rank 0") == 1
+    (xlo, xhi), (ylo, yhi) = chart.view.viewRange()
+    assert xlo < 10.0 < xhi and ylo < 2.5 < yhi
+    image = chart.grab().toImage()
+    at = chart.mapFromScene(chart.view.mapViewToScene(QPointF(10.0, 2.5)))
+    near = {image.pixel(at.x() + dx, at.y() + dy) & 0xFFFFFF
+            for dx in (-1, 0, 1) for dy in (-1, 0, 1)}
+    assert QColor("#d62728").rgb() & 0xFFFFFF in near, [hex(c) for c in near]
+    chart.set_data("rank 0", np.array([10.0, 20.0]), np.array([2.5, 2.0]), "#d62728")
+    assert chart.lone_dots("rank 0") == 0  # a line now: no dot
+    chart.curves["rank 0"].setVisible(False)  # hidden with its curve
+    chart.set_data("rank 0", np.array([10.0]), np.array([2.5]), "#d62728")
+    assert not chart._dots[chart.curves["rank 0"]].isVisible()
+
+
+def test_lone_points_are_those_without_a_finite_neighbour() -> None:
+    x = np.arange(7.0)
+    y = np.array([1.0, np.nan, 2.0, 3.0, np.nan, 4.0, np.nan])
+    lx, ly = lone_points(x, y)
+    assert list(lx) == [0.0, 5.0] and list(ly) == [1.0, 4.0]
+    assert len(lone_points(x, np.ones(7))[0]) == 0

@@ -20,6 +20,10 @@ from ddp_engine.common.runs import fmt_number
 MISSING = "-"
 """How a value that is not there (a key missing from a run's config.json, or null) reads."""
 
+IDENTITY_KEYS = frozenset({"run_dir"})
+"""Keys that say which run it is, not how it trained: shown, never flagged as a difference
+(every run has a folder of its own)."""
+
 _FIELDS = [f.name for f in dataclasses.fields(RunConfig)]
 _HELP = {f.name: str(f.metadata.get("help", "")) for f in dataclasses.fields(RunConfig)}
 
@@ -92,7 +96,8 @@ def _order(key: str) -> tuple[int, str]:
 
 def settings_rows(configs: Sequence[Mapping[str, Any] | None]) -> list[SettingRow]:
     """One row per key of any of ``configs`` (each a run's config.json, None where a run has
-    none), the rows that differ first, each group in RunConfig's field order.
+    none), the rows that differ first, each group in RunConfig's field order (a run's folder,
+    :data:`IDENTITY_KEYS`, never counts as a difference).
 
     An empty nested setting (``model_args = {}``) has a row of its own only while no run fills
     it; otherwise its filled keys' rows show ``-`` for the runs that leave it empty.
@@ -104,7 +109,8 @@ def settings_rows(configs: Sequence[Mapping[str, Any] | None]) -> list[SettingRo
     for key in sorted(keys, key=_order):
         raw = [f.get(key) for f in flat]
         seen = {repr(_canonical(v)) for v in raw}
-        rows.append(SettingRow(key, tuple(format_value(v) for v in raw), len(seen) > 1,
+        rows.append(SettingRow(key, tuple(format_value(v) for v in raw),
+                               len(seen) > 1 and key not in IDENTITY_KEYS,
                                _HELP.get(key.split(".", 1)[0], "")))
     return sorted(rows, key=lambda r: not r.differs)
 

@@ -55,20 +55,22 @@ def view(qtbot, tmp_path: Path) -> CompareView:
 def test_the_settings_table_highlights_what_differs_first(view: CompareView) -> None:
     table = view.settings.table
     assert [table.horizontalHeaderItem(c).text() for c in range(3)] == ["setting", "a", "b"]
-    assert view.settings.highlighted() == ["model_args.layers", "lr", "run_dir"]
+    # issue 30 item 13: each run's own folder is shown, not flagged as a difference
+    assert view.settings.highlighted() == ["model_args.layers", "lr"]
     rows = [[table.item(r, c).text() for c in range(3)] for r in range(table.rowCount())]
     assert rows[:2] == [["model_args.layers", "-", "2"], ["lr", "0.001", "0.003"]]
-    same = {row[0]: row[1:] for row in rows[3:]}
+    same = {row[0]: row[1:] for row in rows[2:]}
     assert same["model_args.hidden"] == ["64", "64"] and same["gpus"] == ["-", "-"]
+    assert [Path(d).name for d in same["run_dir"]] == ["a", "b"]
     for col in range(3):
         differing, equal = table.item(1, col), table.item(3, col)
         assert differing.background().color().name() == DIFFERS_BACKGROUND
         assert QFont(differing.font()).bold()
         assert equal.background().style().name == "NoBrush" and not QFont(equal.font()).bold()
-    assert view.settings.heading.text().startswith("Settings: 3 of ")
+    assert view.settings.heading.text().startswith("Settings: 2 of ")
     view.settings.only_differences.setChecked(True)
     shown = [r for r in range(table.rowCount()) if not table.isRowHidden(r)]
-    assert shown == [0, 1, 2]
+    assert shown == [0, 1]
     view.settings.only_differences.setChecked(False)
     assert not any(table.isRowHidden(r) for r in range(table.rowCount()))
 

@@ -81,3 +81,10 @@ def test_the_heading_and_the_validation_caption() -> None:
     assert validation_note("a", [10.0, 20.0], [0.61234, 0.9]) == \
         "a: validation loss 0.9 at step 20 (best 0.6123, 2 evaluations)"
     assert validation_note("a", [10.0], [0.5]).endswith("(best 0.5, 1 evaluation)")
+
+
+def test_each_runs_own_folder_is_shown_but_is_no_difference() -> None:
+    rows = settings_rows([{"run_dir": "/runs/a", "lr": 0.1}, {"run_dir": "/runs/b", "lr": 0.1}])
+    assert [(r.key, r.values, r.differs) for r in rows] == [
+        ("lr", ("0.1", "0.1"), False), ("run_dir", ("/runs/a", "/runs/b"), False)]
+    assert differences_note(rows) == "Settings: all 2 the same"

@@ -20,8 +20,8 @@ from app.metric_store import MetricStore
 from ddp_engine.common.doctor_result import DoctorResult, busbw_factor
 
 SYNC_SOURCES = {
-    "reducer": ("sync: DDP's own timers (CPU ranks: the interval's mean; GPUs: one iteration "
-                "per report)"),
+    "reducer": ("sync: DDP's own timers (CPU ranks: the interval's mean; GPUs: the latest "
+                "sampled iteration, 1 in 10)"),
     "hook": "sync: Rankscope's comm hook, every step (--sync-timing hook)",
 }
 """The caption's last line: where the run's sync times come from (run_start's sync_timing)."""

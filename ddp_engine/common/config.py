@@ -164,7 +164,7 @@ class RunConfig:
     """How often ranks agree on whether to stop, beyond the round each report makes."""
     telemetry: bool = _f("per-rank timing, device sampling and the live server", True)
     """Measure and serve live telemetry; off leaves only loss and throughput in metrics.jsonl."""
-    sync_timing: str = _f("sync timing from reducer (DDP's own timers, one sample per report) "
+    sync_timing: str = _f("sync timing from reducer (DDP's own timers, sampled) "
                           "or hook (a comm hook, every step)", "reducer")
     """rank/reducer_timing.py, or rank/sync_timing.py's hook (also a torch's without timers)."""
     monitor_port: int = _f("TCP port of rank 0's telemetry server on 127.0.0.1 (0: a free one)",

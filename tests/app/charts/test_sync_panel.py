@@ -160,8 +160,8 @@ def test_the_latest_flops_event_counts_and_a_cleared_store_forgets_it(qtbot) -> 
 
 
 @pytest.mark.parametrize(("timing", "says"), [
-    ("reducer", "sync: DDP's own timers (CPU ranks: the interval's mean; GPUs: one iteration "
-                "per report)"),
+    ("reducer", "sync: DDP's own timers (CPU ranks: the interval's mean; GPUs: the latest "
+                "sampled iteration, 1 in 10)"),
     ("hook", "sync: Rankscope's comm hook, every step (--sync-timing hook)"),
     (None, None),  # telemetry off, or a run from before issue 29: nothing claimed
 ])

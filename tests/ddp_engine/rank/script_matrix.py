@@ -136,7 +136,7 @@ def assert_losses_match(shown: dict[int, float], logged: dict[int, float],
 
 def _sync_timed(run_dir: Path) -> tuple[bool, list[list[float | None]]]:
     """Whether the reports from step 3 on time every rank's gradient sync, and their
-    ``sync_time_s``. DDP's reducer samples one iteration per report and hands its times over at
+    ``sync_time_s``. DDP's reducer samples iterations (every one on CPU) and hands times over at
     the next forward: a report can find no new sample (null) where a script's first step ends
     only once its second shows where steps end, or where it builds a new DDP module (staged
     training); so at most one report in five may be null, none zero, and the last is timed."""

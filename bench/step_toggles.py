@@ -52,6 +52,7 @@ def launch(args: argparse.Namespace) -> None:
 def rank_side(args: argparse.Namespace) -> None:
     from ddp_engine.common.heartbeat import Heartbeat
     from ddp_engine.rank.distributed import StopFlag, init_distributed, teardown
+    from ddp_engine.rank.report_pace import ReportPace
     from ddp_engine.rank.trainer import Trainer
 
     ctx = init_distributed("cpu", 120)
@@ -69,7 +70,7 @@ def rank_side(args: argparse.Namespace) -> None:
         trainer.heartbeat = None if name in ("nohb", "none") else heartbeat
         trainer.timer = None if name in ("notimer", "none") else timer
         trainer.model._set_ddp_runtime_logging_sample_rate(
-            10**9 if name in ("nosample", "none") else args.sample_rate or cfg.report_pace[0])
+            10**9 if name in ("nosample", "none") else args.sample_rate or ReportPace.of(cfg).every)
 
     for _ in range(40):  # warm-up: DDP rebuilds its buckets after the first iterations
         trainer._train_step(feed)

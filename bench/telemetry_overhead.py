@@ -86,7 +86,7 @@ def engine_run(repo: Path, config: Path, w: Workload, nproc: int, work: Path,
     subprocess.run([sys.executable, "-m", "ddp_engine", "launch", "--config", str(config),
                     "--run-dir", str(run_dir), *extra], check=True, capture_output=True,
                    cwd=repo, env=env)
-    # Reports are paced (RunConfig.report_pace): the first at or after the warm-up, and the
+    # Reports are paced (rank/report_pace.py): the first at or after the warm-up, and the
     # last step's.
     reports = [m for m in iter_metrics(run_dir) if m["type"] == "metrics"]
     first = next(m for m in reports if m["step"] >= w.warmup)

@@ -31,9 +31,8 @@ def steady_range(lo: float, hi: float, parts: int = 8) -> tuple[float, float]:
     about a ``parts``-th of its span: as data grows the range changes only when it crosses a
     step, not on every new point."""
     span = hi - lo
-    if span == 0:  # a constant (lr 0.001), or one point: a tenth of its size either side, not
-        # pyqtgraph's +-0.5, which drew 0.001 on the 0 line
-        pad = abs(lo) / 10 or 1.0
+    if span == 0:  # a constant or one point: a tenth either side (pyqtgraph's +-0.5 drew 0.001
+        pad = abs(lo) / 10 or 1.0  # on the 0 line)
         return steady_range(lo - pad, hi + pad, parts)
     if not (np.isfinite(span) and span > 0):
         return lo, hi

@@ -158,7 +158,7 @@ class RunConfig:
     """Validation interval in steps when the dataset has a validation split."""
     log_every: int = _f("write metrics every N steps (0: every 10 steps, or a multiple of 10 "
                         "so that reports are at least 0.2 s apart)", 0)
-    """Metrics interval in steps; 0 paces reports by time (see :meth:`report_pace`)."""
+    """Metrics interval in steps; 0 paces reports by time (rank/report_pace.py)."""
     stop_check_every: int = _f("at most N steps between agreed-stop checks (0: at every "
                                "report and at least every 0.5 s)", 0)
     """How often ranks agree on whether to stop, beyond the round each report makes."""
@@ -352,13 +352,6 @@ class RunConfig:
         if self.epochs is not None:
             return self.epochs
         return None if self.max_steps is not None else 1
-
-    @property
-    def report_pace(self) -> tuple[int, float]:
-        """(steps, seconds): reports fall on multiples of ``steps``, at least ``seconds`` apart.
-        log_every 0 (the default): multiples of 10, 0.2 s apart, as each report costs a round
-        and a row (at 10 steps of 3.5 ms: 5% of the run); log_every N: every N steps."""
-        return (self.log_every, 0.0) if self.log_every else (10, 0.2)
 
     @property
     def multi_node(self) -> bool:

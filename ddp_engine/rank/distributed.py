@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import signal
 import sys
@@ -19,13 +18,14 @@ import torch.distributed as dist
 
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
-from ddp_engine.common.inventory import FIX_CPU_BUILD
 from ddp_engine.common.lifeline import (
     PARENT_DEATH_SIGNAL,
     STOP_REQUEST_SIGNAL,
     asked_by_signal,
     signal_name,
 )
+from ddp_engine.rank.backend import choose_backend, device_id_is_safe
+from ddp_engine.rank.report_pace import ReportPace
 
 
 @dataclass(frozen=True)
@@ -71,46 +71,6 @@ class DistInfo:
         rank = node_rank * local_world + local_rank
         os.environ["RANK"] = str(rank)  # what this rank is, for everything that reads it
         return cls(rank, local_rank, world, local_world, node_rank=node_rank)
-
-
-def choose_backend(device_pref: str, local_world_size: int) -> str:
-    """nccl when CUDA is wanted and every local rank has its own GPU, else gloo.
-
-    Raises:
-        RuntimeError: device "cuda" was asked for but this torch cannot use CUDA, or there are
-            too few GPUs for the ranks.
-    """
-    gpus = torch.cuda.device_count() if device_pref != "cpu" else 0
-    if gpus >= local_world_size and gpus > 0:
-        return "nccl"
-    if device_pref == "cuda":
-        if torch.version.cuda is None:
-            raise RuntimeError(f"device: cuda: the installed torch {torch.__version__} is a "
-                               f"CPU-only build; install the CUDA build: "
-                               f"{FIX_CPU_BUILD}")
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"device: cuda: torch {torch.__version__} (CUDA "
-                               f"{torch.version.cuda}) cannot use the GPUs (the driver is too "
-                               "old for it, or not loaded): run python -m ddp_engine doctor")
-        raise RuntimeError(f"device: cuda needs one GPU per local rank: {local_world_size} ranks, "
-                           f"{gpus} GPUs visible (CUDA_VISIBLE_DEVICES="
-                           f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-    return "gloo"
-
-
-def device_id_is_safe(version: str) -> bool:
-    """Whether ``init_process_group(device_id=...)`` (eager NCCL init, bound to this rank's GPU)
-    is safe on torch ``version``: 2.3 added it, and 2.6.x to 2.7.0 hang at random in NCCL
-    collectives with it (pytorch/pytorch#153960, NCCL 2.26's non-blocking init, worked around
-    in 2.7.1). Without it torch.cuda.set_device(local_rank) binds the GPU, as the DDP tutorial
-    does."""
-    try:
-        major, minor, patch = (int("".join(c for c in p if c.isdigit()) or 0)
-                               for p in (version.split("+")[0].split(".") + ["0", "0"])[:3])
-    except ValueError:
-        return False
-    v = (major, minor, patch)
-    return v >= (2, 3, 0) and not (2, 6, 0) <= v < (2, 7, 1)
 
 
 @dataclass
@@ -240,9 +200,7 @@ class StopFlag:
         self._held = False  # a checkpoint is being saved: the watchdog waits (see hold())
         self._group = side_group
         self._every = every
-        self._log_every = log_every
-        self._report_s = report_s
-        self._next_report = 0  # the first multiple of log_every from here is a reporting step
+        self.pace = ReportPace(log_every, report_s)
         self.reason: str | None = None
         self._code = STOP_ASKED
         self.failure: str | None = None
@@ -264,15 +222,13 @@ class StopFlag:
     def from_config(cls, cfg: RunConfig, side_group: dist.ProcessGroup | None = None,
                     ) -> StopFlag:
         """The run's flag: its stop checks and report pace as ``cfg`` says."""
-        steps, seconds = cfg.report_pace
-        return cls(cfg.stop_check_every, side_group, log_every=steps, report_s=seconds)
+        pace = ReportPace.of(cfg)
+        return cls(cfg.stop_check_every, side_group, log_every=pace.every, report_s=pace.seconds)
 
     def report_due(self, step: int) -> bool:
-        """Whether the ranks report after ``step`` (the same answer on every rank): on a
-        multiple of ``log_every`` at least ``report_s`` after the last report, at the slowest
-        rank's step time as the last round read said. A step may also report for its own
-        reasons (a checkpoint, the last step): :meth:`after_step` is told by its ``report``."""
-        return step % self._log_every == 0 and step >= self._next_report
+        """Whether the ranks report after ``step``, alike on every rank (:class:`ReportPace`;
+        a checkpoint or the last step reports too: :meth:`after_step` is told by ``report``)."""
+        return self.pace.due(step)
 
     def attach(self, side_group: dist.ProcessGroup) -> None:
         """Use ``side_group`` for the agreement (created after the handlers were installed)."""
@@ -361,7 +317,7 @@ class StopFlag:
         waits about :data:`STOP_CHECK_S` (at least one step) whatever the step time; with
         ``every`` 0, only that (and the reports' rounds)."""
         if per_step_s <= 0:
-            return self._every or self._log_every
+            return self._every or self.pace.every
         slow = max(1, int(STOP_CHECK_S / per_step_s))
         return min(self._every, slow) if self._every else slow
 
@@ -374,7 +330,7 @@ class StopFlag:
         :attr:`stopping` says whether every rank stops after this step."""
         now = time.monotonic()
         if self._next is None:  # the first step: a round at the next multiple of every
-            first = self._every or self._log_every
+            first = self._every or self.pace.every
             self._next = -(-step // first) * first
             self._last = (step, now)
         if step < self._next and report is None and not flush:
@@ -390,24 +346,15 @@ class StopFlag:
         self._start(step, per_step, report() if report is not None else None)
         known = self._per_step_s
         if report is not None:
-            self._schedule_report(step, known)
-        if flush or known is None or self._steps_to_next(step, known) * known >= LAG_S:
+            self.pace.reported(step, known)
+        # read at once unless the next round (a check's, or a report's if sooner) is near
+        if flush or known is None or min(self.interval(known),
+                                         self.pace.steps_to_next(step)) * known >= LAG_S:
             read.append(self._finish())
             if report is not None:  # the round just read knows the pace better
-                self._schedule_report(step, self._per_step_s)
+                self.pace.reported(step, self._per_step_s)
         self._next = step + self.interval(self._per_step_s or 0.0)
         return read
-
-    def _schedule_report(self, step: int, per_step_s: float | None) -> None:
-        """After a report at ``step``: the next falls ``report_s`` on at ``per_step_s`` (an
-        agreed pace, so every rank schedules alike), on a multiple of ``log_every``."""
-        gap = math.ceil(self._report_s / per_step_s) if self._report_s and per_step_s else 1
-        self._next_report = step + gap
-
-    def _steps_to_next(self, step: int, per_step_s: float) -> int:
-        """Steps from ``step`` to the next round: a check's, or a report's if sooner."""
-        report = -(-max(self._next_report, step + 1) // self._log_every) * self._log_every
-        return min(self.interval(per_step_s), report - step)
 
     def settle(self) -> Round | None:
         """Read the pending round, if any (every rank at the same point): when training ends

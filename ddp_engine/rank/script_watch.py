@@ -36,6 +36,7 @@ from ddp_engine.rank.distributed import DistInfo, StopFlag
 from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.places import rank_places
 from ddp_engine.rank.reducer_timing import ReducerTiming, sync_source
+from ddp_engine.rank.report_pace import ReportPace
 from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.reports import Interval
 from ddp_engine.rank.script_patches import (
@@ -90,7 +91,7 @@ class ScriptWatch:
         self.device = torch.device("cpu")
         self.timer: StepTimer | None = None
         source, self.sync_note = sync_source(cfg.sync_timing)
-        self.reducer_timing = (ReducerTiming(cfg.report_pace[0])
+        self.reducer_timing = (ReducerTiming(ReportPace.of(cfg).every)
                                if cfg.telemetry and source == "reducer" else None)
         """Sync timing from the latest DDP module's reducer timers (else the timing hook)."""
         self.sampler: DeviceSampler | None = None

@@ -32,6 +32,7 @@ from ddp_engine.rank.lr_schedule import LrSchedule
 from ddp_engine.rank.models import build_model
 from ddp_engine.rank.places import rank_places
 from ddp_engine.rank.reducer_timing import ReducerTiming, sync_source
+from ddp_engine.rank.report_pace import ReportPace
 from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.reports import (
     DEVICE_KEYS,
@@ -110,7 +111,7 @@ class Trainer:
         if self.timer is not None:
             source, self.sync_note = sync_source(cfg.sync_timing)
             if source == "reducer":
-                self.reducer_timing = ReducerTiming(cfg.report_pace[0])
+                self.reducer_timing = ReducerTiming(ReportPace.of(cfg).every)
                 self.reducer_timing.watch(self.model)
             else:
                 self._loss_factor = 1.0 / self.world

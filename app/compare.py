@@ -156,10 +156,9 @@ class CompareView(QWidget):
         self.loss = Chart("Loss (mean over ranks; validation dashed)", "loss")
         self.throughput = Chart("Throughput (all ranks)", "samples/s")
         for chart in (self.loss, self.throughput):
-            # The caption under the charts names the runs by colour: legends of long run
-            # names would cover the curves of a small window.
-            chart.legend_wanted = False
-            chart.legend.setVisible(False)
+            # The caption under the charts names the runs by colour, wrapped: a legend of
+            # long run names would take half a small chart's height.
+            chart.legend.wanted = False
         self.validation_caption = QLabel("")
         self.validation_caption.setObjectName("compare_validation")
         self.validation_caption.setWordWrap(True)

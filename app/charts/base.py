@@ -14,6 +14,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QGraphicsTextItem
 
+from app.charts.legend import BelowLegend
 from app.export import export_chart
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -185,13 +186,7 @@ class Chart(pg.PlotWidget):
             # Behind the view box: pyqtgraph draws an axis's grid lines with the axis, over
             # the data, so a loss near 0 or a flat 1.0 would vanish along a grid line.
             axis.setZValue(-1)
-        # A translucent white box: the legend's text stays legible over curves and grid.
-        self.legend = self.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 150),
-                                     pen=pg.mkPen("#d0d0d0"))
-        self.legend_wanted = True
-        """Show the legend once the chart has a curve (False: never, e.g. Compare's, whose
-        caption names the runs)."""
-        self.legend.setVisible(False)  # an empty box until the first curve
+        self.legend = BelowLegend(self.getPlotItem())  # under the x axis: it covers nothing
         self.curves: dict[str, pg.PlotCurveItem | pg.PlotDataItem] = {}
         self._data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # as given, before thinning
         self._dots: dict[pg.GraphicsObject, pg.ScatterPlotItem] = {}  # a curve's lone points
@@ -229,7 +224,7 @@ class Chart(pg.PlotWidget):
                                        symbolBrush=color_hex)
             self.addItem(item)
             self.curves[name] = item
-            self.legend.setVisible(self.legend_wanted and not self.note())
+            self.legend.show_entries(not self.note())
         return self.curves[name]
 
     def set_data(self, name: str, x: np.ndarray, y: np.ndarray, color_hex: str,
@@ -267,7 +262,7 @@ class Chart(pg.PlotWidget):
     def set_note(self, text: str) -> None:
         """A muted note over the plot, wrapped to its width ("" removes it): why the chart
         shows nothing, e.g. a value a user's script cannot give. It is no data (no range), and
-        the legend stays hidden while it is shown."""
+        the legend (of curves with nothing drawn) stays hidden while it is shown."""
         if self._note is None:
             if not text:
                 return
@@ -278,8 +273,7 @@ class Chart(pg.PlotWidget):
         self._note.setPlainText(text)
         self._note.setVisible(bool(text))
         self._place_note()
-        # The legend of curves with nothing to draw would lie over the note.
-        self.legend.setVisible(self.legend_wanted and bool(self.curves) and not text)
+        self.legend.show_entries(bool(self.curves) and not text)
 
     def note(self) -> str:
         """The note shown over the plot ("" for none)."""
@@ -399,7 +393,7 @@ class Chart(pg.PlotWidget):
         self._data.clear()
         self._dots.clear()
         self.view.known.clear()
-        self.legend.setVisible(False)  # until the next run's first curve
+        self.legend.show_entries(False)  # until the next run's first curve
         self.view.setRange(xRange=(0.0, 1.0), yRange=(0.0, 1.0), padding=0.0)
         self.view.enableAutoRange()
         if self.x_master is not None:  # x follows the master's, which fits the data

@@ -11,13 +11,13 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
     QLabel,
-    QSizePolicy,
     QSlider,
     QVBoxLayout,
     QWidget,
 )
 
 from app.charts.base import Chart, color
+from app.charts.caption import ElidedLabel
 from app.metric_store import MetricStore, Series
 
 
@@ -165,10 +165,7 @@ class PairPanel(QWidget):
                  caption: Callable[[MetricStore], str]) -> None:
         super().__init__()
         self._caption = caption
-        self.caption = QLabel("")
-        # One line, clipped when narrow: a wrapping label makes the dashboard's grid give
-        # this row its height first (height-for-width), squeezing the loss charts.
-        self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.caption = ElidedLabel()  # a line too long ends in an ellipsis; all in its tooltip
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         row = QHBoxLayout()
@@ -180,10 +177,7 @@ class PairPanel(QWidget):
     def redraw_caption(self, store: MetricStore) -> None:
         """The caption, from the store's latest values (the dashboard does this a few times a
         second, not in every frame: a label's new text repaints the window around it)."""
-        text = self._caption(store)
-        if text != self.caption.text():
-            self.caption.setText(text)
-            self.caption.setToolTip(text)  # the whole of a line clipped in a narrow window
+        self.caption.set_full_text(self._caption(store))
 
 
 class DevicePanel(PairPanel):

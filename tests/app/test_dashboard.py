@@ -90,7 +90,7 @@ def test_the_labels_take_new_text_every_labels_s_and_catch_up(qtbot) -> None:
     dash.redraw()  # the first frame with data: the labels too
     assert dash.labels_version == store.version
     assert dash.progress_label.text().startswith("step 1/")
-    assert dash.sync.caption.text().startswith("rank 0 step 10.0 ms")
+    assert dash.sync.caption.full_text().startswith("rank 0 step 10.0 ms")
 
     dash.labels_s = 3600.0  # within the hour, frames draw the charts but not the labels
     _report(store, 2)
@@ -115,7 +115,7 @@ def test_evaluation_time_is_said_in_the_progress_line_and_the_step_breakdown(qtb
     _report(store, 1, ranks=1)
     dash.redraw(budget_s=None)
     assert "last eval" not in dash.progress_label.text()
-    assert " eval " not in dash.sync.caption.text()  # no evaluation in the interval: not named
+    assert " eval " not in dash.sync.caption.full_text()  # no evaluation in the interval: not named
     store.add({"type": "event", "kind": "eval", "time": 2.0, "step": 2, "val_loss": 0.5,
                "eval_s": 1.25})
     rows = rank_rows(1, 3)
@@ -128,7 +128,7 @@ def test_evaluation_time_is_said_in_the_progress_line_and_the_step_breakdown(qtb
     dash.redraw(budget_s=None)
     assert dash.progress_label.text().endswith("last eval (step 4) took 31 ms")
     assert "(exposed sync 1.0 of 3.0, 67% overlapped) + opt 1.0 + eval 4.0" in \
-        dash.sync.caption.text()
+        dash.sync.caption.full_text()
 
 
 def test_a_small_window_stacks_the_panels_and_scrolls_instead_of_squeezing_them(qtbot) -> None:
@@ -309,12 +309,12 @@ def test_the_sync_bandwidth_is_shown_against_what_doctor_measured(qtbot, tmp_pat
     dash.store.add({"type": "metrics", "time": 5.0, "step": 5, "epoch": 0, "total_steps": 100,
                     "ranks": rows})
     dash.redraw(budget_s=None)
-    assert dash.sync.caption.text().endswith(
+    assert dash.sync.caption.full_text().endswith(
         "sync bus bandwidth 1.33 GB/s (this machine's is not measured: Check devices...)")
     write_doctor(tmp_path / "runs", DoctorResult(
         time=1.0, device="cpu", backend="gloo", world_size=2, gpus=[],
         sizes=[SizeResult(2**20, 10, 0.001, 1.05, 1.05), SizeResult(2**24, 5, 0.0063, 2.67, 2.67)]))
     dash.run_dir = run_dir  # a run opened: its runs folder's measurement is read
     dash.redraw(budget_s=None)
-    assert dash.sync.caption.text().endswith(
+    assert dash.sync.caption.full_text().endswith(
         "sync bus bandwidth 1.33 GB/s = 50% of the 2.67 GB/s doctor measured (gloo, 2 processes)")

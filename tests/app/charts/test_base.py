@@ -230,7 +230,7 @@ def test_an_empty_chart_shows_no_empty_legend_box(qtbot) -> None:
     assert chart.legend.isVisible()
     chart.reset()
     assert not chart.legend.isVisible()
-    chart.legend_wanted = False  # Compare names its runs in a caption instead
+    chart.legend.wanted = False  # Compare names its runs in a caption instead
     chart.set_data("rank 0", np.arange(10.0), np.ones(10), "#1f77b4")
     assert not chart.legend.isVisible()
 

@@ -65,7 +65,7 @@ def test_many_ranks_are_drawn_as_a_spread_few_as_lines(qtbot, ranks: int) -> Non
     loss, sync = dash.loss.chart, dash.sync.sync
     if ranks <= 10:  # a line and a toggle per rank, as ever
         assert loss.points("rank 3") == 5 and len(dash.loss.toggles) == ranks
-        assert len(dash.sync.caption.text().splitlines()) == ranks
+        assert len(dash.sync.caption.full_text().splitlines()) == ranks
         return
     assert not any(name.startswith("rank ") for name in loss.curves)  # 3 curves, not 64
     assert sorted(loss.curves) == ["64 ranks max", "64 ranks median", "64 ranks min"]
@@ -77,9 +77,9 @@ def test_many_ranks_are_drawn_as_a_spread_few_as_lines(qtbot, ranks: int) -> Non
     assert share[-1] == pytest.approx(100 * 0.003 / 0.010)  # rank 0: shortest step
     assert set(sync.curves) == {"64 ranks median", "64 ranks min", "64 ranks max",
                                 "exposed median"}
-    caption = dash.sync.caption.text().splitlines()
+    caption = dash.sync.caption.full_text().splitlines()
     assert len(caption) == 2 and caption[1].startswith("slowest, rank 63 step 73.0 ms")
-    devices = dash.devices.caption.text()
+    devices = dash.devices.caption.full_text()
     assert devices.startswith("64 GPUs: utilization median 93.2%") and "power total 32000.0 W" \
         in devices
     _, mem = dash.devices.mem.curves["64 GPUs median"].getData()

@@ -54,7 +54,7 @@ def test_each_ranks_breakdown_says_its_overlap_and_exposed_sync(qtbot) -> None:
     panel = SyncPanel()
     qtbot.addWidget(panel)
     panel.redraw_caption(_store(rows))
-    lines = panel.caption.text().splitlines()
+    lines = panel.caption.full_text().splitlines()
     assert len(lines) == 4
     # The parts add up to the step (the rest is "other"); the exposed sync is inside bwd and
     # is said in brackets after it, not counted beside it.
@@ -77,7 +77,7 @@ def test_many_ranks_the_median_ranks_overlap_and_the_slowest_ranks(qtbot) -> Non
     panel = SyncPanel()
     qtbot.addWidget(panel)
     panel.redraw_caption(_store(rows))
-    median, slowest = panel.caption.text().splitlines()
+    median, slowest = panel.caption.full_text().splitlines()
     # The median of the ranks' shares (1 - r/64 for r = 0..63) is 1 - 31.5/64 = 50.8%.
     assert "of 4.0, 51% overlapped)" in median and median.startswith("median step")
     assert slowest.startswith("slowest, rank 63 step 73.0 ms")
@@ -101,7 +101,7 @@ def test_mfu_on_h200s_in_bf16_against_their_dense_peak(qtbot) -> None:
     for row in rows:  # 4 MB in 3 ms a step: the bandwidth line comes last
         row["sync_bytes"] = 4_000_000
     panel.redraw_caption(_store(rows, {"kind": "run_start", "world_size": 2}, _flops(4e12)))
-    lines = panel.caption.text().splitlines()
+    lines = panel.caption.full_text().splitlines()
     assert [line.split(" ")[0] for line in lines] == ["rank", "rank", "model", "sync"]
     assert "MFU 39% (median; slowest 37%)" in lines[2]
 
@@ -135,7 +135,7 @@ def test_no_flops_line_without_a_usable_count(qtbot, count) -> None:
     event = {**_flops(4e12), "flops_per_step": count}
     store = _store(rank_rows(2, 10), event)
     panel.redraw_caption(store)
-    assert "FLOP" not in panel.caption.text()
+    assert "FLOP" not in panel.caption.full_text()
     rows = rank_rows(2, 10)
     for row in rows:
         row["step_time_s"] = None
@@ -149,14 +149,14 @@ def test_the_latest_flops_event_counts_and_a_cleared_store_forgets_it(qtbot) -> 
     qtbot.addWidget(panel)
     store = _store(rank_rows(2, 10), _flops(4e12))
     panel.redraw_caption(store)
-    assert "model FLOPs 4 TFLOP a step" in panel.caption.text()
+    assert "model FLOPs 4 TFLOP a step" in panel.caption.full_text()
     store.add({"type": "event", "time": 2.0, **_flops(2e12)})
     panel.redraw_caption(store)
-    assert "model FLOPs 2 TFLOP a step" in panel.caption.text()
+    assert "model FLOPs 2 TFLOP a step" in panel.caption.full_text()
     store.clear()
     store.add({"type": "metrics", "time": 3.0, "step": 1, "ranks": rank_rows(2, 1)})
     panel.redraw_caption(store)
-    assert "FLOP" not in panel.caption.text()
+    assert "FLOP" not in panel.caption.full_text()
 
 
 @pytest.mark.parametrize(("timing", "says"), [
@@ -171,7 +171,7 @@ def test_the_caption_says_where_the_sync_times_come_from(qtbot, timing, says) ->
     panel = SyncPanel()
     qtbot.addWidget(panel)
     panel.redraw_caption(_store(rows, start))
-    lines = panel.caption.text().splitlines()
+    lines = panel.caption.full_text().splitlines()
     if says is None:
         assert not any(line.startswith("sync:") for line in lines)
     else:

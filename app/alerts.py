@@ -115,6 +115,10 @@ class Alerts(QObject):
                 self._hooked = True
                 self.window.dashboard.looks_hung.connect(self._on_hung)
 
+    def clear(self) -> None:
+        """Take the status bar's alert away (another run is shown)."""
+        self._show_line("")
+
     def _on_finished(self, result: dict[str, Any]) -> None:
         if self.in_front():  # its "Run failed" box is the window's own: still in front
             return

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.charts.base import Chart, color
+from app.charts.caption import ElidedLabel
 from app.compare_settings import SettingRow, differences_note, settings_rows, validation_note
 from app.metric_store import MetricStore
 from ddp_engine.common.run_dir import CONFIG_FILE, MetricsTail, read_json
@@ -151,7 +152,9 @@ class CompareView(QWidget):
         self.axis = QComboBox()
         self.axis.setObjectName("compare_axis")
         self.axis.addItems([X_STEP, X_TIME])
-        self.label = QLabel("select two or more runs in the Runs panel and press Compare")
+        # One line, elided (the names in its tooltip): a label as wide as three run names
+        # would squeeze the launch panel beside it.
+        self.label = ElidedLabel("select two or more runs in the Runs panel and press Compare")
         self.label.setObjectName("compare_label")
         self.loss = Chart("Loss (mean over ranks; validation dashed)", "loss")
         self.throughput = Chart("Throughput (all ranks)", "samples/s")
@@ -193,7 +196,7 @@ class CompareView(QWidget):
         self.runs = [ComparedRun(p) for p in run_dirs]
         for chart in (self.loss, self.throughput):
             chart.reset()
-        self.label.setText("comparing " + ", ".join(r.run_dir.name for r in self.runs))
+        self.label.set_full_text("comparing " + ", ".join(r.run_dir.name for r in self.runs))
         self.poll_once(force=True)
         self.timer.start()
 

@@ -31,6 +31,7 @@ from app.charts.base import Chart
 from app.charts.panels import DevicePanel, LoggedPanel, LossPanel, ThroughputPanel
 from app.charts.sync_panel import SyncPanel
 from app.metric_store import MetricStore
+from app.run_banner import RunBanner
 from app.run_model import progress_text, unavailable_text, warning_text
 from app.stacks_view import StacksPanel
 from ddp_engine.common.doctor_result import load_doctor
@@ -53,6 +54,8 @@ window is too small for all four, the dashboard scrolls."""
 TWO_COLUMNS_MIN_WIDTH = 900
 """Below this width the panels stand in one column, each as wide as the dashboard, rather
 than two columns of charts too narrow to read."""
+ENDED_STATES = ("completed", "stopped", "failed", "interrupted", "disconnected")
+"""The states of a run shown that is no longer training: no ETA, no Stacks, no hang hint."""
 FRAME_BUDGET_S = 0.008
 """What the charts drawn in one frame may cost (their setData, fitting and paint, as each last
 measured its own): half a tick, so the event loop has the rest. At least one chart draws."""
@@ -103,12 +106,27 @@ class Dashboard(QWidget):
         self.scroll.setWidgetResizable(True)
         self.scroll.setFrameShape(QFrame.Shape.NoFrame)
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.banner = RunBanner()  # how the run shown ended, its checkpoint, what next
         layout = QVBoxLayout(self)
         layout.addLayout(top)
+        layout.addWidget(self.banner)
         layout.addWidget(self.alert)
         layout.addWidget(self.stacks)
         layout.addWidget(self.unavailable)
         layout.addWidget(self.scroll, 1)
+        self.welcome = QLabel("")
+        """The first window's page (app/first_run.py words it): shown until a run is."""
+        self.welcome.setObjectName("welcome")
+        self.welcome.setWordWrap(True)
+        self.welcome.setTextFormat(Qt.TextFormat.RichText)
+        self.welcome.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self.welcome.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.welcome.setContentsMargins(24, 16, 24, 16)
+        self.welcome.setMaximumWidth(760)
+        layout.addWidget(self.welcome, 1)
+        self.startup_text = "no report yet"
+        """The progress line before the first report (app/first_run.py: where start-up is)."""
+        self.show_welcome(True)
         self.logged: dict[str, LoggedPanel] = {}  # a panel per logged key, as they came
         self.parts: tuple[tuple[Chart, Callable[[MetricStore], None]], ...] = (
             (self.loss.chart, self.loss.redraw),
@@ -141,6 +159,17 @@ class Dashboard(QWidget):
         self.timer.timeout.connect(self.redraw)
         self.timer.start(REDRAW_MS)
         self.looks_hung.connect(lambda _text: self.stacks.take(self.run_dir, automatic=True))
+
+    def set_welcome(self, text: str) -> None:
+        if text != self.welcome.text():
+            self.welcome.setText(text)
+
+    def show_welcome(self, on: bool) -> None:
+        """The first window's page instead of empty charts, or the charts (a run is shown)."""
+        self.welcome.setVisible(on)
+        self.scroll.setVisible(not on)
+        for widget in (self.progress, self.progress_label, self.stacks.button):
+            widget.setVisible(not on)
 
     def _arrange(self, columns: int, again: bool = False) -> None:
         """The panels in ``columns`` columns (2: loss and throughput above sync and devices;
@@ -180,6 +209,7 @@ class Dashboard(QWidget):
         """Remove the logged keys' panels (a new run has its own)."""
         for panel in self.logged.values():
             self.grid.removeWidget(panel)
+            panel.hide()  # at once: it is deleted when Qt is back in its event loop
             panel.chart.unlink_x()
             del self.cost_s[panel.chart]
             panel.deleteLater()
@@ -228,6 +258,9 @@ class Dashboard(QWidget):
         self.labels_version = -1
         self._labels_at = float("-inf")
         self.alert.setText("")
+        self.startup_text = "no report yet"
+        self.banner.clear()
+        self.stacks.set_ended(False)
         self._unavailable()
 
     @property
@@ -277,17 +310,31 @@ class Dashboard(QWidget):
             self._drawn[chart] = version
         self.timer.setInterval(self.catch_up_ms if self.has_work() else REDRAW_MS)
 
+    @property
+    def ended(self) -> bool:
+        """The run shown is no longer training (it ended, or its rank 0 is out of reach)."""
+        return self.store.info.state in ENDED_STATES
+
     def _progress(self) -> None:
         info = self.store.info
         total = info.total_steps or 0
-        self.progress.setRange(0, max(total, 1))
-        self.progress.setValue(min(info.step, total))  # an unknown length: empty, and says so
-        self.progress.setFormat("%p%" if total or not self.store.version else "length unknown")
-        if not self.store.version:  # nothing came since the last reset
-            text = "no report yet"
+        ended = self.ended
+        self.stacks.set_ended(ended)
+        if not total and ended:  # an unknown length that ended: its steps, all done
+            self.progress.setRange(0, 1)
+            self.progress.setValue(1)
+            self.progress.setFormat(f"{info.step} steps")
+        else:
+            self.progress.setRange(0, max(total, 1))
+            self.progress.setValue(min(info.step, total))  # unknown length: empty, says so
+            self.progress.setFormat("%p%" if total or not self.store.version
+                                    else "length unknown")
+        if info.last_metrics_time is None and not ended:  # no report since the reset
+            text = self.startup_text
         else:
             text = progress_text(info.step, info.total_steps, info.epoch,
-                                 fmt_duration(self.store.eta_s()))
+                                 fmt_duration(self.store.eta_s()),
+                                 ended=info.state if ended else None)
         took = (info.last_eval or {}).get("eval_s")
         if isinstance(took, int | float):  # evaluation is work the steps wait for: say it
             text += f"  last eval (step {info.last_eval.get('step')}) took {fmt_seconds(took)}"

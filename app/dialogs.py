@@ -25,10 +25,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.desktop import default_presets
+from app.form_errors import mark
 from app.run_model import parse_remote
 from ddp_engine.common.config import ConfigError
-
-BAD_FIELD_STYLE = "border: 1px solid #d62728;"
 
 
 class RemoteAttachDialog(QDialog):
@@ -47,6 +46,10 @@ class RemoteAttachDialog(QDialog):
         self.token.setObjectName("remote_token")
         self.token.setEchoMode(QLineEdit.EchoMode.Password)
         self.token.setPlaceholderText('"token" of RUN_DIR/monitor.json on rank 0\'s machine')
+        for field in (self.port, self.token):  # wide enough for the whole placeholder
+            field.setToolTip(field.placeholderText())
+            field.setMinimumWidth(field.fontMetrics().horizontalAdvance(
+                field.placeholderText()) + 24)
         self.error = error_label("remote_error")
         hint = QLabel("Forward rank 0's telemetry port first, e.g. "
                       "<code>ssh -L 29600:127.0.0.1:29600 node0</code> for a run started "
@@ -72,14 +75,14 @@ class RemoteAttachDialog(QDialog):
     def accept(self) -> None:
         fields = {"host": self.host, "port": self.port, "token": self.token}
         for field in fields.values():
-            field.setStyleSheet("")
+            mark(field, False)
         try:
             self.values()
         except ValueError as e:
             self.error.setText(str(e))
             bad = fields.get(str(e).split(" ", 1)[0])
             if bad is not None:
-                bad.setStyleSheet(BAD_FIELD_STYLE)
+                mark(bad, True)
             return
         self.error.setText("")
         super().accept()
@@ -153,8 +156,8 @@ def dock_toggle(box: QDockWidget, text: str, keys: str) -> QAction:
     toggle = box.toggleViewAction()
     toggle.setText(text)
     toggle.setShortcut(keys)
-    toggle.setToolTip(f"show or hide the {text.lower()} ({keys}): more room for the charts in "
-                      "a small window")
+    toggle.setToolTip(f"Show or hide the {text.lower()}: more room for the charts in a small "
+                      f"window ({keys})")
     return toggle
 
 

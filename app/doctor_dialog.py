@@ -151,8 +151,8 @@ class DoctorDialog(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(self.options)
         layout.addWidget(self.progress)
-        layout.addWidget(self.status)
         layout.addWidget(self.verdict)
+        layout.addWidget(self.status)  # where the result is kept: under the verdict
         layout.addWidget(self.results_area, 1)
         layout.addStretch(0)
         layout.addWidget(self.buttons)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from app.devices import DevicePicker
 from app.dialogs import Presets, error_label
+from app.form_errors import FormErrors, field_of
 from app.script_source import ScriptFields
 from app.spec_field import BUILTIN, CUSTOM, SCRIPT, SourceSwitch, SpecField
 from ddp_engine.common.config import ConfigError, RunConfig
@@ -40,7 +40,6 @@ from ddp_engine.common.gpus import GpuInfo
 from ddp_engine.common.machine_checks import check_environment
 
 DATASET_CHOICES = [*BUILTIN_DATASETS, "text file...", "image folder...", CUSTOM]
-ERROR_STYLE = "border: 1px solid #d62728; background: #fff0f0;"
 DEFAULT_MAX_STEPS = 200
 BUILTIN_ONLY = ("model", "dataset", "loss", "model_args", "dataset_args", *BUILTIN_LOOP_ONLY)
 """RunConfig keys a script run leaves at their defaults (RunConfig refuses them otherwise)."""
@@ -51,6 +50,8 @@ class LaunchPanel(QWidget):
 
     validity_changed = Signal(bool)
     runs_dir_changed = Signal(str)
+    told = Signal(str)
+    """What the form did that the user should hear of (a preset loaded), for the status bar."""
     """The runs folder typed in the form, or set by a preset or a resume (the window follows)."""
 
     def __init__(self, runs_dir: str = "runs", gpus: list[GpuInfo] | None = None) -> None:
@@ -166,7 +167,6 @@ class LaunchPanel(QWidget):
         for f in self._forms:  # a narrow panel puts a field under its label, never cut off
             f.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
             f.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        self._field_error_in: QFormLayout | None = None
         self._presets = Presets(self, self.load_preset_from, self.save_preset_to,
                                 self.error.setText)
         self.presets = self._presets.menu
@@ -192,7 +192,17 @@ class LaunchPanel(QWidget):
             combo.currentTextChanged.connect(self.validate)
         self.valid = False
         self.last_error: str | None = None
-        self._tips = {key: w.toolTip() for key, w in self.fields.items()}  # after a bad value
+        """Why Start is refused, in the form's words (None: it is not)."""
+        self.problem: str | None = None
+        """The same, as RunConfig words it (its keys: lr, batch_size, ...)."""
+        labels = {key: label for label, widget in (*rows, ("CPU processes", self.devices.count),
+                                                   ("GPUs", self.devices.table),
+                                                   ("Devices", self.devices),
+                                                   ("Nodes", self.nnodes),
+                                                   ("Rendezvous", self.rdzv_endpoint))
+                  for key, field in self.fields.items() if field is widget and label}
+        self.errors = FormErrors(self, self._forms, self.fields, labels, self.field_error,
+                                 self.error)
         self._shown_source = BUILTIN
         self._show_source()
         self.source.changed.connect(self._show_source)
@@ -332,27 +342,20 @@ class LaunchPanel(QWidget):
     # ------------------------------------------------------------------------- validation
     def validate(self) -> bool:
         self.rdzv_endpoint.setEnabled(self.nnodes.value() > 1)
-        for key, w in self.fields.items():
-            w.setStyleSheet("")
-            w.setToolTip(self._tips.get(key, ""))
+        self.errors.edited()
         try:
             cfg = self.config()
         except ConfigError as e:
             message = str(e)
-            key = _field_of(message, self.fields)
-            if key is not None:
-                self.fields[key].setStyleSheet(ERROR_STYLE)
-                self.fields[key].setToolTip(message)
-            self.error.setText(message)
-            self.error.setVisible(not self._show_under(self.fields.get(key or ""), message))
-            self.last_error = message
+            self.errors.show(field_of(message, self.fields), message)
+            self.problem = message
+            self.last_error = self.errors.words(message)
             self._set_valid(False)
             self._name_hint(None)
             return False
         self._name_hint(cfg)
-        self.error.setText("")
-        self._show_under(None, "")
-        self.last_error = None
+        self.errors.show(None, "")
+        self.problem = self.last_error = None
         self._set_valid(True)
         return True
 
@@ -362,23 +365,6 @@ class LaunchPanel(QWidget):
             "<model>-<dataset>" if self.source.value() == BUILTIN
             else dataclasses.replace(cfg, name=None).default_name() if cfg is not None
             else "<the script's name>")
-
-    def _show_under(self, field: QWidget | None, message: str) -> bool:
-        """Put ``message`` in a row under ``field`` (None: take the row away). False when no
-        row of the form holds that field (the devices, a field the form does not show)."""
-        if self._field_error_in is not None:
-            self._field_error_in.takeRow(self.field_error)
-            self._field_error_in = None
-        self.field_error.setText(message)
-        for form in self._forms:
-            row, _role = form.getWidgetPosition(field) if field is not None else (-1, None)
-            if row >= 0:
-                form.insertRow(row + 1, self.field_error)
-                self.field_error.show()
-                self._field_error_in = form
-                return True
-        self.field_error.hide()
-        return False
 
     def _set_valid(self, valid: bool) -> None:
         self.valid = valid
@@ -414,12 +400,4 @@ class LaunchPanel(QWidget):
         data = load_config_file(path)
         data.setdefault("runs_dir", self.runs_dir.text().strip() or "runs")
         self.set_config(RunConfig.from_dict(data, source=f"preset {path}"))
-
-
-def _field_of(message: str, fields: dict[str, QWidget]) -> str | None:
-    """The field a ConfigError message is about: messages start with the field's name."""
-    m = re.match(r"^([a-z_]+)", message)
-    key = m.group(1) if m else ""
-    key = {"model_args": "model", "dataset_args": "dataset"}.get(key, key)
-    return key if key in fields else None
-
+        self.told.emit(f"the form is filled from the preset {Path(path).name}")

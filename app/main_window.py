@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QSettings, Qt, QTimer
-from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut, QShowEvent
 from PySide6.QtWidgets import (
-    QFileDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -31,9 +30,13 @@ from app.dialogs import (
     warn,
 )
 from app.doctor_dialog import open_for
+from app.export_dialog import ask_and_export
+from app.first_run import FirstRun
 from app.launch_panel import LaunchPanel
 from app.logs_view import LogsView
+from app.menus import Menus
 from app.metric_store import MetricStore
+from app.run_banner import previous_run
 from app.run_controller import RunController
 from app.run_model import (
     REMOTE_LOGS_NOTE,
@@ -50,6 +53,7 @@ from app.run_model import (
 from app.runs_panel import RunsPanel
 from app.script_source import refill_config
 from app.sweep_watch import SweepWatch
+from app.window_layout import first_sizes, restore_layout, save_layout
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.gpus import GpuInfo
 from ddp_engine.common.runs import RunIndex, RunSummary, walk
@@ -62,10 +66,6 @@ if TYPE_CHECKING:
 
 DASHBOARD_DELAY_MS = 50
 """How long attaching to a remote rank 0 tries the address and token before it says why not."""
-
-
-LAUNCH_DOCK_WIDTH = 340
-"""The launch panel's width at start, in pixels."""
 
 
 class MainWindow(QMainWindow):
@@ -87,6 +87,7 @@ class MainWindow(QMainWindow):
         self._compare: CompareView | None = None
         self._scaling: ScalingView | None = None
         self.sweeps = SweepWatch(self)
+        self.first_run = FirstRun(self)  # the empty dashboard's page, the start-up's words
         self.logs = LogsView()
         self.tabs = QTabWidget()
         self.tabs.addTab(QLabel("loading the charts..."), "Dashboard")
@@ -97,7 +98,6 @@ class MainWindow(QMainWindow):
         self.runs = RunsPanel(runs_dir)
         self.runs_dock = runs_dock = dock(self, "Runs", self.runs,
                                           Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.resizeDocks([runs_dock], [190], Qt.Orientation.Vertical)
         scroll = QScrollArea()
         scroll.setWidget(self.panel)
         scroll.setWidgetResizable(True)
@@ -105,9 +105,6 @@ class MainWindow(QMainWindow):
         # down, never sideways.
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.launch_dock = dock(self, "Launch", scroll, Qt.DockWidgetArea.LeftDockWidgetArea)
-        # Wide enough for the form's labels and a readable field beside each (its separator
-        # moves it); the charts get the rest, in one column in a small window.
-        self.resizeDocks([self.launch_dock], [LAUNCH_DOCK_WIDTH], Qt.Orientation.Horizontal)
 
         self.start_action = action(self, "Start", "F5", self.start_run)
         # F5 while Start is disabled (a bad value in the form): say why instead of nothing.
@@ -126,12 +123,15 @@ class MainWindow(QMainWindow):
         toolbar.addActions([self.start_action, self.stop_action])
         toolbar.addSeparator()
         toolbar.addAction(self.attach_action)
-        toolbar.addAction(action(self, "Check devices...", None, lambda: open_for(
-            self, self.runs.runs_dir, self.panel.devices, self.dashboard.load_reference)))
+        self.doctor_action = action(self, "Check devices...", "Ctrl+Shift+D", lambda: open_for(
+            self, self.runs.runs_dir, self.panel.devices, self.dashboard.load_reference))
+        toolbar.addAction(self.doctor_action)
         toolbar.addSeparator()
-        toolbar.addActions([dock_toggle(self.launch_dock, "Launch panel", "Ctrl+1"),
-                            dock_toggle(runs_dock, "Runs panel", "Ctrl+2")])
+        self.launch_toggle = dock_toggle(self.launch_dock, "Launch panel", "Ctrl+1")
+        self.runs_toggle = dock_toggle(runs_dock, "Runs panel", "Ctrl+2")
+        toolbar.addActions([self.launch_toggle, self.runs_toggle])
         self.addToolBar(toolbar)
+        self.menus = Menus(self)  # the same actions, with their keys, in a menu bar
         self.state_label = QLabel("idle")
         self.state_label.setObjectName("state")
         self.message_label = QLabel("")
@@ -151,7 +151,8 @@ class MainWindow(QMainWindow):
         self.runs.open_requested.connect(self.open_run)
         self.runs.compare_requested.connect(self.compare_runs)
         self.runs.resume_requested.connect(self.resume_from)
-        self.runs.export_requested.connect(self._export_dialog)
+        self.runs.export_requested.connect(
+            lambda path, kind: ask_and_export(self, Path(path), kind, self.export_run))
         self._reattach_pending = True
         self.runs.scanned.connect(self._reattach_on_start)
 
@@ -164,9 +165,17 @@ class MainWindow(QMainWindow):
             self._restore_form()
         self.set_runs_folder(runs_dir)  # the last form's own folder gives way to this one
         self.panel.runs_dir_changed.connect(self.set_runs_folder)
+        self.panel.told.connect(self.message_label.setText)
         self.runs.folder_chosen.connect(self.set_runs_folder)
         self.alerts = Alerts(self)  # a run's end or hang said when the window is not in front
         self._update_actions()
+        self._laid_out = restore_layout(self)  # as the user left it; else sized at first show
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt's name)
+        if not self._laid_out:  # the first start: the docks sized to the window's height
+            self._laid_out = True
+            first_sizes(self)
+        super().showEvent(event)
 
     def set_runs_folder(self, folder: str | Path) -> None:
         """Make ``folder`` the runs folder: the Runs panel lists it, new runs go there (the
@@ -187,7 +196,10 @@ class MainWindow(QMainWindow):
             from app.dashboard import Dashboard
 
             self._dashboard = Dashboard(self.store)
+            self._dashboard.banner.resume_requested.connect(self.resume_from)
+            self._dashboard.banner.compare_requested.connect(self.compare_runs)
             self._replace_tab(0, self._dashboard, "Dashboard")
+            self.first_run.update()
         return self._dashboard
 
     def _replace_tab(self, index: int, widget: QWidget, title: str) -> None:
@@ -254,7 +266,8 @@ class MainWindow(QMainWindow):
         try:
             cfg = self.panel.config()
         except ConfigError as e:
-            self.message_label.setText(f"not started: {e}")
+            self.panel.errors.reveal()  # Start pressed: the bad field is shown, touched or not
+            self.message_label.setText(f"not started: {self.panel.errors.words(str(e))}")
             return None
         save_form(self.settings, cfg)
         self.panel.resume.clear()  # a resume is for this one start, not the next
@@ -268,6 +281,8 @@ class MainWindow(QMainWindow):
     def _viewing(self, run_dir: Path | None, title: str | None = None) -> None:
         """Show ``run_dir``'s run; None: a remote run (no folder here, ``title`` names it)."""
         self.viewing = run_dir
+        self.alerts.clear()  # an alert of the run shown before is old news
+        self.dashboard.show_welcome(False)
         self.dashboard.run_dir = run_dir
         self.logs.follow(run_dir)
         self.logs.text.setPlaceholderText(REMOTE_LOGS_NOTE if run_dir is None else "")
@@ -322,8 +337,16 @@ class MainWindow(QMainWindow):
         self._viewing(path)
         summary = RunIndex(path.parent).summarize(path)
         self.store.info.state = summary.state
+        self.state_label.setText(summary.state)
         self.message_label.setText(record_text(path, summary, self.store.info.step))
+        self._show_end(path, summary)
         return "record"
+
+    def _show_end(self, path: Path, summary: RunSummary | None = None) -> None:
+        """The dashboard's banner for ``path``'s run, which has ended (or was left)."""
+        summary = summary or RunIndex(path.parent).summarize(path)
+        if not summary.live:
+            self.dashboard.banner.show_run(summary, previous_run(path))
 
     def _reattach_on_start(self, summaries: list[RunSummary]) -> None:
         """On the first scan after start-up: attach to the newest live run, so a run left by a
@@ -368,15 +391,6 @@ class MainWindow(QMainWindow):
         self.message_label.setText(text)
         return out
 
-    def _export_dialog(self, path: Path, kind: str) -> None:
-        if kind == "csv":
-            dest, _ = QFileDialog.getSaveFileName(self, "Export CSV",
-                                                  str(Path(path) / "metrics.csv"), "CSV (*.csv)")
-            if dest:
-                self.export_run(Path(path), "csv", Path(dest))
-        else:
-            self.export_run(Path(path), kind)
-
     def _update_actions(self, *_: object) -> None:
         active = self.controller.active
         self.start_action.setEnabled(self.panel.valid and not active)
@@ -393,6 +407,8 @@ class MainWindow(QMainWindow):
         if result.get("state") == "disconnected":  # no final event came: the store cannot know
             self.store.info.state = "disconnected"
         self.message_label.setText(finished_text(result))
+        if self.viewing is not None and self.viewing == self.controller.run_dir:
+            self._show_end(self.viewing)
         if result.get("state") == "failed":
             self.failure_box = warn(self, "Run failed", failure_text(result))
         self._update_actions()
@@ -405,6 +421,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------------------ closing
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt's name)
+        save_layout(self)
         if not self.controller.active:
             with contextlib.suppress(ConfigError):  # a form that is not valid is not kept
                 save_form(self.settings, self.panel.config())

@@ -36,6 +36,8 @@ from ddp_engine.common.processes import Escalation, Step
 from ddp_engine.common.reasons import one_line
 from ddp_engine.common.run_dir import (
     FINAL_STATES,
+    STATUS_FILE,
+    atomic_write_json,
     atomic_write_text,
     failed_rank_log,
     new_run_dir,
@@ -343,6 +345,19 @@ class RunController(QObject):
         self._finish(self.launcher.poll(), status)
         return True
 
+    def _record_end(self, state: str, reason: object) -> None:
+        """Where the launcher ended without recording how the run ended (it was SIGKILLed, or
+        it crashed), write that into status.json: the Runs panel, ``status`` and this window
+        then use the same word for the run."""
+        assert self.run_dir is not None
+        recorded = read_status(self.run_dir)
+        if not recorded or not recorded.get("launcher_pid") or \
+                recorded.get("state") in FINAL_STATES:
+            return
+        recorded.update(state=state, reason=reason, ended=time.time(),
+                        recorded_by="the Rankscope window, after the launcher ended")
+        atomic_write_json(self.run_dir / STATUS_FILE, recorded)
+
     def _finish(self, code: int | None, status: dict[str, Any]) -> None:
         self._timer.stop()
         assert self.launcher is not None and self.run_dir is not None
@@ -367,6 +382,7 @@ class RunController(QObject):
                    if (self.run_dir / "launcher.log").exists() else ""))
         status["state"] = state
         status["launcher_exit_code"] = code
+        self._record_end(state, status.get("reason"))
         if state == "failed":
             rank, path, lines = failed_rank_log(self.run_dir, status)
             status["log_rank"] = rank

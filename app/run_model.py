@@ -38,14 +38,18 @@ def steps_text(step: int | None, total_steps: int | None) -> str:
     return f"step {step}/{total_steps}" if total_steps else f"step {step}"
 
 
-def progress_text(step: int, total_steps: int | None, epoch: int, eta: str) -> str:
+def progress_text(step: int, total_steps: int | None, epoch: int, eta: str,
+                  ended: str | None = None) -> str:
     """The dashboard's progress line: the step of the total, the epoch and the ``eta`` (worded
     by the caller). Where the length is unknown (a user's script) there is no ETA to give, and
-    epoch 0 says nothing (a script that never calls DistributedSampler.set_epoch)."""
+    epoch 0 says nothing (a script that never calls DistributedSampler.set_epoch). A run that
+    ``ended`` (its state) says that instead of an ETA."""
+    epoch_text = f"  epoch {epoch}" if epoch or total_steps else ""
+    if ended:
+        return f"{steps_text(step, total_steps)}{epoch_text}  {ended}"
     if total_steps:
-        return f"{steps_text(step, total_steps)}  epoch {epoch}  ETA {eta}"
-    return (steps_text(step, None) + (f"  epoch {epoch}" if epoch else "")
-            + "  (length unknown: no ETA)")
+        return f"{steps_text(step, total_steps)}{epoch_text}  ETA {eta}"
+    return steps_text(step, None) + epoch_text + "  (length unknown: no ETA)"
 
 
 UNAVAILABLE_NAMES = {"sync": "gradient sync timing",

@@ -91,7 +91,8 @@ class RunsWatcher(QObject):
 
 
 def _cell_texts(s: RunSummary) -> list[str]:
-    steps = "" if s.step is None else f"{s.step}/{s.total_steps or '?'}"
+    steps = ("" if s.step is None else f"{s.step}/{s.total_steps}" if s.total_steps
+             else f"{s.step}/?" if s.live else str(s.step))  # an ended script: its steps
     if s.kind != "run":
         steps = f"{s.total_steps} per count" if s.total_steps else ""
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.started)) if s.started else ""
@@ -102,6 +103,10 @@ def _cell_texts(s: RunSummary) -> list[str]:
             "" if s.val_loss is None else f"{s.val_loss:.4g}", started,
             fmt_duration(s.duration_s) if s.started else "",
             s.parent.name if s.parent else ""]
+
+
+NAME_MAX_PX = 380
+"""The widest the Name column fits itself to (the user may drag it wider)."""
 
 
 class RunsPanel(QWidget):
@@ -131,11 +136,12 @@ class RunsPanel(QWidget):
         self.tree.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.tree.header().setStretchLastSection(False)
         self.tree.setColumnWidth(0, 260)
+        self._grown: set[int] = set()
         self.buttons: dict[str, QPushButton] = {}
         self.choose = QPushButton("Folder...")
         self.choose.setObjectName("runs_choose")
         self.choose.setToolTip("the runs folder: the runs listed here, and where new runs go")
-        self.choose.clicked.connect(self._choose_dialog)
+        self.choose.clicked.connect(self.choose_folder)
         row = QHBoxLayout()
         row.addWidget(self.choose)
         row.addWidget(self.folder, 1)
@@ -174,7 +180,7 @@ class RunsPanel(QWidget):
         self.set_runs_dir(runs_dir)
 
     # ------------------------------------------------------------------------------ folder
-    def _choose_dialog(self) -> None:
+    def choose_folder(self) -> None:
         from PySide6.QtWidgets import QFileDialog
 
         chosen = QFileDialog.getExistingDirectory(self, "Runs folder", str(self.runs_dir))
@@ -220,7 +226,7 @@ class RunsPanel(QWidget):
         if time.monotonic() > self._message_until:
             self.folder.setText(self._folder_text)
         wanted: set[Path] = set()
-        known = len(self._items)
+        self._grown: set[int] = set()  # the columns whose text changed
         for i, s in enumerate(summaries):
             self._update_item(s, None, i, wanted)
         for path in set(self._items) - wanted:
@@ -230,11 +236,21 @@ class RunsPanel(QWidget):
                 parent.removeChild(item)
             else:
                 self.tree.takeTopLevelItem(self.tree.indexOfTopLevelItem(item))
-        if len(self._items) != known:  # rows came or went: fit the columns again
-            for col in range(1, len(COLUMNS)):
-                self.tree.resizeColumnToContents(col)
+        self._fit_columns()
         self._update_buttons()
         self.scanned.emit(summaries)
+
+    def _fit_columns(self) -> None:
+        """Widen a column whose text grew past it (a live run's steps), and fit a new one's
+        (a name wider than NAME_MAX_PX ends in an ellipsis; its tooltip is the whole path)."""
+        for col in sorted(self._grown):
+            before = self.tree.columnWidth(col)
+            self.tree.resizeColumnToContents(col)
+            fitted = self.tree.columnWidth(col)
+            if col == 0:
+                fitted = min(fitted, NAME_MAX_PX)
+            self.tree.setColumnWidth(col, max(before, fitted) if col else fitted)
+        self._grown.clear()
 
     def _update_item(self, s: RunSummary, parent: QTreeWidgetItem | None, index: int,
                      wanted: set[Path]) -> None:
@@ -255,6 +271,7 @@ class RunsPanel(QWidget):
         for col, text in enumerate(_cell_texts(s)):
             if item.text(col) != text:
                 item.setText(col, text)
+                self._grown.add(col)
         item.setToolTip(0, str(s.path))
         item.setToolTip(1, reason_text(s.reason or ""))
         item.setForeground(1, QBrush(QColor(STATE_COLORS.get(s.state, "#000000"))))
@@ -342,6 +359,9 @@ class RunsPanel(QWidget):
             except OSError as e:
                 self.message(f"could not delete {path}: {e}")
         if done:
+            names = ", ".join(p.name for p in done)
+            self.message(f"deleted {names}" if len(done) == 1
+                         else f"deleted {len(done)} runs: {names}")
             self.deleted.emit(done)
         self.refresh()
 

@@ -46,6 +46,11 @@ class StacksTaker(QObject):
             self.failed.emit(str(e))
 
 
+STACKS_TIP = ("Take the stack of every rank of the run shown (faulthandler, or py-spy where "
+              "allowed) without stopping it, grouped by where the ranks stand; saved in its "
+              "folder under ranks/")
+
+
 class StacksPanel(QWidget):
     """The grouped stacks of the run shown, hidden until some are taken. ``button`` (Stacks)
     takes them; :meth:`take` with ``automatic`` does once per run (the hang alert)."""
@@ -57,9 +62,7 @@ class StacksPanel(QWidget):
         super().__init__()
         self.button = QPushButton("Stacks")
         self.button.setObjectName("stacks_button")
-        self.button.setToolTip("Take the stack of every rank of the run shown (faulthandler, or "
-                               "py-spy where allowed) without stopping it, grouped by where "
-                               "the ranks stand; saved in its folder under ranks/")
+        self.button.setToolTip(STACKS_TIP)
         self.button.setEnabled(False)
         self.button.clicked.connect(lambda: self.take(self.run_dir))
         self.header = QLabel("")
@@ -85,6 +88,7 @@ class StacksPanel(QWidget):
         self.hide()
         self.run_dir: Path | None = None
         self.busy = False
+        self.ended = False  # the run shown ended: no process to take stacks of
         self._automatic_for: set[Path] = set()  # runs whose stacks the hang alert took
         self.taker = StacksTaker(self)
         self.taker.taken.connect(self._taken)
@@ -95,7 +99,19 @@ class StacksPanel(QWidget):
         if run_dir != self.run_dir:
             self.run_dir = run_dir
             self.hide()
-        self.button.setEnabled(run_dir is not None and not self.busy)
+        self._enable()
+
+    def set_ended(self, ended: bool) -> None:
+        """Whether the run shown has ended (Stacks is disabled then: no rank is left)."""
+        if ended != self.ended:
+            self.ended = ended
+            self._enable()
+
+    def _enable(self) -> None:
+        self.button.setEnabled(self.run_dir is not None and not self.busy and not self.ended)
+        self.button.setToolTip(STACKS_TIP if not self.ended else
+                               "The run has ended: no process is left to take stacks of "
+                               "(those taken are under ranks/ in its folder)")
 
     def take(self, run_dir: Path | None, automatic: bool = False) -> bool:
         """Take the stacks of ``run_dir``'s ranks (off the GUI thread); False if nothing was
@@ -115,7 +131,7 @@ class StacksPanel(QWidget):
 
     def _done(self) -> None:
         self.busy = False
-        self.button.setEnabled(self.run_dir is not None)
+        self._enable()
 
     def _taken(self, report: StackReport) -> None:
         self._done()

@@ -18,7 +18,8 @@ cycle's folder at run time), at one of these moments:
 
 - ``startup``: 0-1.5 s after the launch, before the first step (a run takes several seconds to
   reach it on 2 cores). For the two signals the 0-1.5 s count from the moment status.json
-  exists: the launcher writes it once its signal handlers are in place (README, "Stopping"),
+  exists: the launcher writes it once its signal handlers are in place (docs/ARCHITECTURE.md,
+  "Stopping a run"),
   and before that a SIGTERM meets the Python interpreter's default disposition, as for any
   program (the app's Stop waits for that file for the same reason). ``ddp_engine stop`` and
   the app's Stop are sent from the launch itself: the app defers its signal; ``stop``, which

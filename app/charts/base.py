@@ -172,6 +172,7 @@ class Chart(pg.PlotWidget):
         super().__init__(viewBox=self.view,
                          axisItems={"bottom": IntegerAxis("bottom")} if x_counts else None)
         self.setBackground("w")
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # nothing to do by keys: Tab passes over
         self.setTitle(title, color="#333", size="10pt")
         self.setLabel("left", y_label)
         self.getAxis("left").enableAutoSIPrefix(False)  # the label already names the unit
@@ -224,7 +225,6 @@ class Chart(pg.PlotWidget):
                                        symbolBrush=color_hex)
             self.addItem(item)
             self.curves[name] = item
-            self.legend.show_entries(not self.note())
         return self.curves[name]
 
     def set_data(self, name: str, x: np.ndarray, y: np.ndarray, color_hex: str,
@@ -233,6 +233,8 @@ class Chart(pg.PlotWidget):
         width (:func:`peak_thin`), and thins them again when the x range or the size changes."""
         self._data[name] = (x, y)
         self._show(self.curve(name, color_hex, dashed, faint, symbol), x, y)
+        if not self.legend.isVisible() and len(x) and not self.note():
+            self.legend.show_entries(True)  # once a curve has a point: no legend of nothing
 
     def paintEvent(self, event) -> None:  # noqa: ANN001, N802
         t0 = time.perf_counter()
@@ -273,7 +275,7 @@ class Chart(pg.PlotWidget):
         self._note.setPlainText(text)
         self._note.setVisible(bool(text))
         self._place_note()
-        self.legend.show_entries(bool(self.curves) and not text)
+        self.legend.show_entries(any(len(x) for x, _y in self._data.values()) and not text)
 
     def note(self) -> str:
         """The note shown over the plot ("" for none)."""

@@ -152,7 +152,9 @@ class LossPanel(QWidget):
 
     def clear(self) -> None:
         self.chart.reset()
-        for box in self.toggles.values():
+        for box in self.toggles.values():  # out of the row now: deleted when Qt is back in
+            self.toggles_row.removeWidget(box)  # its event loop
+            box.hide()
             box.deleteLater()
         self.toggles.clear()
         self.smoothers.clear()

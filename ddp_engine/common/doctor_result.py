@@ -160,8 +160,8 @@ def fmt_gbs(x: float) -> str:
 
 
 def fmt_time(s: float) -> str:
-    """One all-reduce's time: 812.5 us, 1.42 ms."""
-    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+    """One all-reduce's time: 812.5 µs, 1.42 ms."""
+    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
 
 
 def doctor_file(runs_dir: str | os.PathLike[str]) -> Path:

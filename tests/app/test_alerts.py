@@ -79,7 +79,7 @@ def test_a_run_that_fails_behind_another_window_is_a_tray_message_once(
     alerts.tray_available = True  # as on a desktop with a tray
     window.panel.loss.combo.setCurrentText("Custom...")
     window.panel.loss.path.setText(f"{FAULTY}:raise_on_rank1")
-    assert window.panel.valid, window.panel.error.text()
+    assert window.panel.valid, window.panel.problem
     _behind_another(qtbot, window)
     with qtbot.waitSignal(window.controller.finished, timeout=180_000) as finished:
         run_dir = window.start_run()

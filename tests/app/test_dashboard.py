@@ -27,6 +27,7 @@ def _report(store: MetricStore, step: int, ranks: int = 4, total_steps: int | No
 def _dashboard(qtbot) -> Dashboard:
     dash = Dashboard(MetricStore())
     dash.timer.stop()  # frames are drawn here, one at a time
+    dash.show_welcome(False)  # a run is shown (the window does this)
     qtbot.addWidget(dash)
     dash.resize(1000, 700)
     dash.show()

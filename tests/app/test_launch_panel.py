@@ -12,7 +12,8 @@ from PySide6.QtCore import QSettings, Qt
 
 from app.cluster_dialog import ClusterDialog
 from app.desktop import default_presets
-from app.launch_panel import ERROR_STYLE, LaunchPanel
+from app.form_errors import refused
+from app.launch_panel import LaunchPanel
 from app.run_model import restored_form, save_form
 from app.script_source import refill_config
 from ddp_engine.common.config import ConfigError, RunConfig
@@ -31,13 +32,14 @@ def test_more_nodes_need_a_rendezvous_and_make_this_machine_node_0(qtbot) -> Non
     assert panel.valid and not panel.rdzv_endpoint.isEnabled()
     panel.nnodes.setValue(2)
     assert not panel.valid and panel.rdzv_endpoint.isEnabled()
-    assert panel.error.text().startswith("rdzv_endpoint: nnodes is 2, so every node needs the "
+    assert panel.problem.startswith("rdzv_endpoint: nnodes is 2, so every node needs the "
                                          "rendezvous address")
-    assert panel.rdzv_endpoint.styleSheet() == ERROR_STYLE
+    panel.errors.reveal()  # as Start pressed: shown though the field was never touched
+    assert refused(panel.rdzv_endpoint) and panel.rdzv_endpoint.styleSheet() == ""
     panel.rdzv_endpoint.setText("node0")
-    assert panel.error.text().startswith("rdzv_endpoint must be HOST:PORT with a port 1-65535")
+    assert panel.problem.startswith("rdzv_endpoint must be HOST:PORT with a port 1-65535")
     panel.rdzv_endpoint.setText("node0:29400")
-    assert panel.valid and panel.error.text() == ""
+    assert panel.valid and panel.problem is None
     cfg = panel.config()
     assert (cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint) == (2, 0, "node0:29400")
     panel.set_config(cfg)  # a preset or the last settings: kept as they were
@@ -66,7 +68,9 @@ def test_a_default_preset_fills_the_form_and_keeps_its_runs_folder(qtbot, tmp_pa
     panel.runs_dir.setText(str(tmp_path / "my-runs"))
     titles = [panel.presets.itemText(i) for i in range(panel.presets.count())]
     assert titles[0] == "Presets..." and titles[2].startswith("Digits: a ConvNet")
-    panel.presets.activated.emit(2)  # as a click on the second preset
+    with qtbot.waitSignal(panel.told) as told:  # the window's status bar says it
+        panel.presets.activated.emit(2)  # as a click on the second preset
+    assert told.args[0].startswith("the form is filled from the preset ")
     cfg = panel.config()
     assert (cfg.model, cfg.dataset, cfg.epochs, cfg.eval_every) == ("convnet", "digits", 5, 50)
     assert cfg.runs_dir == str(tmp_path / "my-runs") and panel.valid
@@ -121,7 +125,7 @@ def test_the_form_builds_a_script_config(qtbot, tmp_path: Path) -> None:
     panel.warmup_steps.setValue(10)
     panel.set_config(RunConfig.from_dict({**panel.config().to_dict(), "eval_every": 7}))
     _script_panel(qtbot, tmp_path, panel)
-    assert panel.valid, panel.error.text()
+    assert panel.valid, panel.problem
     cfg = panel.config()
     assert cfg.script == str(SCRIPT) and cfg.script_cwd == str(tmp_path)
     assert cfg.script_args == ["--epochs", "3", "--checkpoint", f"{tmp_path}/my ck.pt",
@@ -193,13 +197,17 @@ def test_a_script_run_again_keeps_the_working_folder_it_ran_in(qtbot, tmp_path: 
 
 
 def _refused(panel: LaunchPanel, field: str, message: str) -> None:
-    """Start is refused with ``message`` under ``field``, which is outlined."""
-    assert not panel.valid and panel.error.text() == message
-    assert panel.field_error.isVisibleTo(panel) and panel.field_error.text() == message
+    """Start is refused with ``message``, which shows (Start pressed) under ``field``, in the
+    form's words, the field's editors coloured."""
+    assert not panel.valid and panel.problem == message
+    panel.errors.reveal()
+    worded = panel.errors.words(message)
+    assert panel.field_error.isVisibleTo(panel) and panel.field_error.text() == worded
+    assert panel.last_error == worded
     form = panel.fields[field].parentWidget().layout()
     row = form.getWidgetPosition(panel.fields[field])[0]
     assert form.getWidgetPosition(panel.field_error)[0] == row + 1
-    assert panel.fields[field].styleSheet() == ERROR_STYLE
+    assert refused(panel.fields[field]) and panel.fields[field].styleSheet() == ""
     with pytest.raises(ConfigError, match=re.escape(message)):
         panel.config()
 
@@ -207,13 +215,13 @@ def _refused(panel: LaunchPanel, field: str, message: str) -> None:
 def test_a_bad_argument_line_or_script_is_refused_naming_the_field(
         qtbot, tmp_path: Path) -> None:
     panel = _script_panel(qtbot, tmp_path)
-    assert panel.valid, panel.error.text()
+    assert panel.valid, panel.problem
     panel.script_args.setText('--name "my run')
     _refused(panel, "script_args", """script_args: cannot split '--name "my run' into """
              "arguments as a shell would: a quote is not closed; close it, or put a "
              "backslash before a quote meant literally")
     panel.script_args.setText("--epochs 1 \\")
-    assert panel.error.text().endswith("the line ends in a backslash that escapes nothing; "
+    assert panel.problem.endswith("the line ends in a backslash that escapes nothing; "
                                        "remove it, or double it for a backslash")
     panel.script_args.setText("--epochs 1")
     assert panel.valid
@@ -222,18 +230,19 @@ def test_a_bad_argument_line_or_script_is_refused_naming_the_field(
     _refused(panel, "script", f"script: {str(missing)!r} does not exist; give the path of "
              "your training script (a .py file)")
     panel.script.path.setText(str(tmp_path))
-    assert panel.error.text().startswith(f"script: {str(tmp_path)!r} is a folder")
+    assert panel.problem.startswith(f"script: {str(tmp_path)!r} is a folder")
     broken = tmp_path / "broken.py"
     broken.write_text("import torch\n\ndef main(:\n")
     panel.script.path.setText(str(broken))
-    assert panel.error.text().startswith(
+    assert panel.problem.startswith(
         f"script: {str(broken)!r} is not a Python file Python can parse at line 3")
     panel.script.path.setText("")
     _refused(panel, "script", "script must not be empty; give the path of a .py file")
     panel.script.path.setText(str(SCRIPT))
     panel.script_cwd.path.setText(str(tmp_path / "no-such-folder"))
-    assert panel.error.text().startswith("script_cwd: ") and not panel.valid
-    assert panel.script_cwd.styleSheet() == ERROR_STYLE
+    assert panel.problem.startswith("script_cwd: ") and not panel.valid
+    panel.errors.reveal()
+    assert refused(panel.script_cwd) and panel.last_error.startswith("Working folder: ")
 
 
 def test_presets_and_the_last_form_keep_the_script_fields(qtbot, tmp_path: Path) -> None:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QDialogButtonBox, QLabel, QToolBar
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QDialogButtonBox, QLabel
 
 from app.dialogs import RemoteAttachDialog
+from app.form_errors import ERROR_BASE, refused
 from app.main_window import MainWindow
 from ddp_engine.common.protocol import read_monitor_file
 from ddp_engine.common.run_dir import iter_metrics, read_rank_files, read_status
@@ -39,27 +41,31 @@ def test_title_and_default_form_is_valid_on_this_machine(window: MainWindow) -> 
     assert window.panel.findChild(QLabel, "no_gpu_note") is not None
 
 
-def test_bad_values_are_marked_at_their_field_and_block_start(window: MainWindow) -> None:
+def test_bad_values_block_start_and_show_at_their_field_when_start_is_pressed(
+        window: MainWindow) -> None:
     panel = window.panel
     panel.lr.setText("fast")
     assert not panel.valid and not window.start_action.isEnabled()
-    assert "lr must be a number, got 'fast'" in panel.error.text()
-    assert "d62728" in panel.lr.styleSheet() and "lr must be" in panel.lr.toolTip()
+    assert panel.problem == "lr must be a number, got 'fast'"
+    assert not refused(panel.lr)  # not touched by the user (set here): not shown yet
+    assert window.start_run() is None  # F5 / Start: now it is, in the form's words
+    assert refused(panel.lr) and panel.lr.toolTip() == "Learning rate must be a number, got 'fast'"
+    assert window.message_label.text() == "not started: Learning rate must be a number, got 'fast'"
     panel.lr.setText("0.01")
-    assert panel.valid and panel.lr.styleSheet() == ""
+    assert panel.valid and not refused(panel.lr)
     panel.batch_size.setValue(0)
-    assert "batch_size must be >= 1, got 0" in panel.error.text()
-    assert "d62728" in panel.batch_size.styleSheet()
+    assert panel.last_error == "Batch size / device must be >= 1, got 0"
+    assert refused(panel.batch_size)
     panel.batch_size.setValue(16)
     panel.dataset.combo.setCurrentText("text file...")
     panel.dataset.path.setText("/nonexistent/corpus.txt")
-    assert not panel.valid
-    assert "dataset" in panel.error.text()
+    assert not panel.valid and panel.problem.startswith("dataset")
     panel.dataset.combo.setCurrentText("synthetic")
     panel.model.combo.setCurrentText("Custom...")
     panel.model.path.setText("nofile.py:build")
-    assert "model: plugin file 'nofile.py'" in panel.error.text()
-    assert "d62728" in panel.model.styleSheet()
+    assert panel.last_error.startswith("Model: plugin file 'nofile.py'")
+    assert refused(panel.model) and panel.model.styleSheet() == ""
+    assert panel.model.path.palette().color(QPalette.ColorRole.Base).name() == ERROR_BASE
     assert window.start_run() is None  # nothing is launched
     assert window.controller.state == "idle"
 
@@ -87,6 +93,8 @@ def test_a_whole_run_from_the_gui_to_completion(qtbot, window: MainWindow) -> No
         run_dir = window.start_run()
         assert run_dir is not None and window.controller.state == "starting"
         assert not window.start_action.isEnabled() and window.stop_action.isEnabled()
+        window.dashboard.redraw(budget_s=None)  # where the start-up is, in words
+        assert window.dashboard.progress_label.text() == "launching torchrun: starting the ranks..."
     result = finished.args[0]
     assert result["state"] == "completed" and result["leftover_pids"] == []
     assert window.state_label.text() == "completed"
@@ -101,7 +109,14 @@ def test_a_whole_run_from_the_gui_to_completion(qtbot, window: MainWindow) -> No
     assert reports[0] == 10 and reports[-1] == 60
     assert window.dashboard.throughput.chart.points("all ranks") == len(reports)
     assert window.dashboard.sync.sync.points("rank 0") == len(reports)
-    assert "step 60/60" in window.dashboard.progress_label.text()
+    dash = window.dashboard  # the end, said once and nothing live left on screen
+    assert dash.progress_label.text().startswith("step 60/60  epoch 0  completed")
+    assert "ETA" not in dash.progress_label.text() and not dash.stacks.button.isEnabled()
+    assert dash.banner.isVisible() and dash.banner.headline.text() == "Completed at step 60/60"
+    assert f"Checkpoint (step 60): {run_dir / 'checkpoints' / 'last.pt'}" in \
+        dash.banner.detail.text()
+    assert window.runs.summary(run_dir) is None or window.runs.summary(run_dir).state in (
+        "completed", "running")  # the panel may not have rescanned yet; never another word
     logs = window.logs
     qtbot.waitUntil(lambda: logs.poll_once() or [logs.rank.itemText(i) for i in range(
         logs.rank.count())] == ["all", "launcher", "rank 0", "rank 1"], timeout=5000)
@@ -137,6 +152,14 @@ def test_stop_mid_run_ends_stopped_with_nothing_left(qtbot, window: MainWindow) 
     assert len({d["step"] for d in ranks.values()}) == 1
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert read_status(run_dir)["state"] == "stopped"
+    banner = window.dashboard.banner
+    step = next(iter(ranks.values()))["step"]
+    assert banner.headline.text() == f"Stopped at step {step}/50000"
+    assert str(run_dir / "checkpoints" / "last.pt") in banner.detail.text()
+    assert banner.resume.isEnabled()
+    with qtbot.waitSignal(banner.resume_requested):  # Resume fills the form from it
+        banner.resume.click()
+    assert window.panel.resume.text() == str(run_dir / "checkpoints" / "last.pt")
     assert not processes_mentioning(str(run_dir))
 
 
@@ -144,7 +167,7 @@ def test_stop_mid_run_ends_stopped_with_nothing_left(qtbot, window: MainWindow) 
 def test_a_crashing_rank_shows_failed_with_its_log_tail(qtbot, window: MainWindow) -> None:
     window.panel.loss.combo.setCurrentText("Custom...")
     window.panel.loss.path.setText(f"{FAULTY}:raise_on_rank1")
-    assert window.panel.valid, window.panel.error.text()
+    assert window.panel.valid, window.panel.problem
     with qtbot.waitSignal(window.controller.finished, timeout=180_000) as finished:
         run_dir = window.start_run()
     result = finished.args[0]
@@ -155,13 +178,18 @@ def test_a_crashing_rank_shows_failed_with_its_log_tail(qtbot, window: MainWindo
     shown = window.failure_box.text()
     assert window.failure_box.isVisible() and "boom from the test plugin" in shown
     assert "rank 1" in shown
+    banner = window.dashboard.banner
+    assert banner.headline.text().startswith("Failed at step")
+    assert "boom from the test plugin" in banner.detail.text()
+    assert "background: #fdecea" in banner.styleSheet()
     assert not processes_mentioning(str(run_dir))
 
 
 def test_the_gui_process_never_imports_torch(tmp_path: Path) -> None:
     code = ("import sys; from PySide6.QtWidgets import QApplication; app = QApplication([]);"
             "from app.main_window import MainWindow; "
-            f"w = MainWindow(runs_dir={str(tmp_path)!r}); w.show(); app.processEvents();"
+            f"w = MainWindow(runs_dir={str(tmp_path)!r}); w.show(); _ = w.dashboard; "
+            "w.menus.show_about(); app.processEvents();"
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen",
@@ -224,8 +252,7 @@ def test_attach_dialog_names_the_bad_field_and_attaches_nothing(
     _submit(dialog, host, port, token)
     assert dialog.isVisible() and dialog.error.text() == message  # stays open, says why
     for name in ("host", "port", "token"):
-        outlined = "d62728" in getattr(dialog, name).styleSheet()
-        assert outlined == (name == field), name
+        assert refused(getattr(dialog, name)) == (name == field), name
     assert window.controller.state == "idle" and window.controller.client is None
     assert window.windowTitle() == "Rankscope" and window.start_action.isEnabled()
     dialog.reject()
@@ -368,17 +395,19 @@ def test_the_reason_shows_under_its_field_and_f5_says_why_it_cannot_start(
         qtbot, window: MainWindow) -> None:
     panel = window.panel
     panel.lr.setText("fast")
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow, timeout=5000)
+    qtbot.keyClick(window, Qt.Key.Key_F5)
+    assert window.message_label.text().startswith("not started: Learning rate must be a number")
     training = panel.lr.parentWidget().layout()
     lr_row = training.getWidgetPosition(panel.lr)[0]
     assert training.getWidgetPosition(panel.field_error)[0] == lr_row + 1
     assert panel.field_error.isVisible() and panel.field_error.text().startswith(
-        "lr must be a number, got 'fast'")
+        "Learning rate must be a number, got 'fast'")
     assert not window.start_action.isEnabled()
-    window.activateWindow()
-    qtbot.waitUntil(window.isActiveWindow, timeout=5000)
-    qtbot.keyClick(window, Qt.Key.Key_F5)
-    assert window.message_label.text().startswith("not started: lr must be a number")
     panel.lr.setText("0.01")
+    panel.lr.setFocus()
+    panel.name.setFocus()  # the row goes when the focus leaves the field, not mid-typing
     assert not panel.field_error.isVisible() and training.indexOf(panel.field_error) < 0
     assert window.start_action.isEnabled()
 
@@ -392,10 +421,11 @@ def test_a_resume_with_nothing_left_to_train_is_refused_at_max_steps(
     assert cfg is not None and cfg.max_steps == 300
     panel = window.panel
     assert not panel.valid and not window.start_action.isEnabled()
-    assert panel.error.text() == ("max_steps: the checkpoint is at step 300 and max_steps is "
+    assert panel.problem == ("max_steps: the checkpoint is at step 300 and max_steps is "
                                   "300, so there is nothing left to train; raise max_steps "
                                   "above 300")
-    assert "d62728" in panel.max_steps.styleSheet()
+    window.start_run()
+    assert refused(panel.max_steps)
     panel.max_steps.setValue(400)
     assert panel.valid
 
@@ -433,19 +463,3 @@ def test_saves_open_in_the_runs_folder_and_say_where_they_went(
     assert save_folder(chart) == run.resolve()  # the run on screen
     tell(window.panel, f"preset saved to {tmp_path / 'p.toml'}")
     assert window.message_label.text() == f"preset saved to {tmp_path / 'p.toml'}"
-
-
-def test_the_launch_and_runs_panels_can_be_hidden_for_room_and_shown_again(
-        window: MainWindow) -> None:
-    """Issue 18 item 10: in a small window the charts get the room of the docks."""
-    toolbar = window.findChild(QToolBar, "run_toolbar")
-    toggles = {a.text(): a for a in toolbar.actions()}
-    for text, box in (("Launch panel", window.launch_dock), ("Runs panel", window.runs_dock)):
-        toggle = toggles[text]
-        assert toggle.isEnabled() and toggle.isChecked() and box.isVisible()
-        toggle.trigger()
-        assert not box.isVisible() and not toggle.isChecked()
-        toggle.trigger()
-        assert box.isVisible()
-    scroll = window.launch_dock.widget()
-    assert scroll.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff

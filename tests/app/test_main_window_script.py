@@ -23,7 +23,7 @@ def test_your_own_script_from_the_form_stops_with_a_checkpoint_and_comes_back(
     qtbot.mouseClick(panel.source.script, Qt.MouseButton.LeftButton)
     panel.script.path.setText(str(REPO / "examples" / "ddp_train.py"))
     panel.script_args.setText(f"--epochs 50 --samples 4096 --checkpoint {tmp_path}/ck.pt")
-    assert panel.valid and window.start_action.isEnabled(), panel.error.text()
+    assert panel.valid and window.start_action.isEnabled(), panel.problem
     cfg = panel.config()
     assert (cfg.device, cfg.nproc, cfg.max_steps, cfg.model) == ("cpu", 2, None, "mlp")
     assert cfg.script_cwd == str(REPO / "examples")  # the app has no caller's folder: explicit

@@ -126,6 +126,9 @@ def test_a_run_of_unknown_length_says_its_step_and_no_eta() -> None:
     assert progress_text(120, 500, 1, "0:42") == "step 120/500  epoch 1  ETA 0:42"
     assert progress_text(120, None, 0, "?") == "step 120  (length unknown: no ETA)"
     assert progress_text(120, None, 3, "?") == "step 120  epoch 3  (length unknown: no ETA)"
+    assert progress_text(600, 600, 27, "0:00", ended="completed") == \
+        "step 600/600  epoch 27  completed"
+    assert progress_text(3840, None, 0, "?", ended="stopped") == "step 3840  stopped"
     assert "None" not in progress_text(0, None, 0, "?")
 
 

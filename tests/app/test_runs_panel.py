@@ -93,6 +93,7 @@ def test_delete_asks_first_and_never_deletes_a_live_run(qtbot, open_window,
     assert "first" in w.runs.confirm_box.text()
     w.runs.confirm_box.button(QMessageBox.StandardButton.Yes).click()
     assert not (runs / "first").exists()
+    assert w.runs.folder.text() == "deleted first"  # said, not done in silence
     _scanned(qtbot, w)
     assert "first" not in _names(w)
     w.runs.select([live, runs / "third"])
@@ -175,7 +176,7 @@ def test_resume_relaunches_from_the_last_checkpoint_as_a_linked_run(qtbot, open_
     cfg = w.resume_from(parent)
     assert cfg is not None and w.panel.resume.text() == str(parent / "checkpoints" / "last.pt")
     assert not w.panel.valid  # max_steps 20 leaves nothing to train after step 20
-    assert w.panel.error.text().startswith("max_steps: the checkpoint is at step 20")
+    assert w.panel.problem.startswith("max_steps: the checkpoint is at step 20")
     w.panel.max_steps.setValue(35)  # editable before the relaunch
     assert w.panel.config().log_every == 5  # fields the form does not show are kept
     with qtbot.waitSignal(w.controller.finished, timeout=180_000) as sig:

@@ -226,6 +226,8 @@ def test_linked_step_charts_zoom_together_and_either_reset_button_shows_all(qtbo
 def test_an_empty_chart_shows_no_empty_legend_box(qtbot) -> None:
     chart = shown_chart(qtbot)
     assert not chart.legend.isVisible()  # a fresh window: no empty boxes on its charts
+    chart.set_data("all ranks", np.array([]), np.array([]), "#000000")
+    assert not chart.legend.isVisible()  # a curve with nothing to draw: no legend of it yet
     chart.set_data("rank 0", np.arange(10.0), np.ones(10), "#1f77b4")
     assert chart.legend.isVisible()
     chart.reset()

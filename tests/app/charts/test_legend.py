@@ -109,6 +109,7 @@ def test_the_dashboards_legends_and_captions_cover_and_cut_nothing(qtbot, width:
                                                                    height: int) -> None:
     dash = Dashboard(MetricStore())
     dash.timer.stop()
+    dash.show_welcome(False)  # a run is shown (the window does this)
     qtbot.addWidget(dash)
     dash.resize(width, height)
     dash.show()

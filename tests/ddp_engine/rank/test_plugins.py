@@ -1,4 +1,4 @@
-"""Plugins: user files and modules, and the README's complete example run end to end."""
+"""Plugins: user files and modules, and the user guide's complete example run end to end."""
 
 from __future__ import annotations
 

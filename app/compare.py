@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont, QResizeEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -40,6 +40,8 @@ X_TIME = "time since start (s)"
 DIFFERS_BACKGROUND = "#ffe28a"
 """A differing setting's row: amber behind black bold text, legible in a light or dark theme."""
 DIFFERS_TEXT = "#000000"
+CHARTS_SHARE = 0.62
+"""The part of Compare's height its charts and their caption take (the table the rest)."""
 
 
 class ComparedRun:
@@ -100,6 +102,7 @@ class SettingsTable(QWidget):
         self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
         self.table.setWordWrap(False)
         self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # paths keep both ends
+        self.table.horizontalHeader().setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
         top = QHBoxLayout()
         top.addWidget(self.heading, 1)
@@ -116,7 +119,10 @@ class SettingsTable(QWidget):
         table.clearContents()
         table.setColumnCount(1 + len(names))
         table.setRowCount(len(rows))
-        table.setHorizontalHeaderLabels(["setting", *names])
+        for col, name in enumerate(["setting", *names]):  # a name cut keeps both ends
+            head = QTableWidgetItem(name)
+            head.setToolTip(name)
+            table.setHorizontalHeaderItem(col, head)
         bold = QFont(table.font())
         bold.setBold(True)
         for i, row in enumerate(rows):
@@ -156,7 +162,7 @@ class CompareView(QWidget):
         # would squeeze the launch panel beside it.
         self.label = ElidedLabel("select two or more runs in the Runs panel and press Compare")
         self.label.setObjectName("compare_label")
-        self.loss = Chart("Loss (mean over ranks; validation dashed)", "loss")
+        self.loss = Chart("Loss (dashed: validation)", "mean loss of ranks")
         self.throughput = Chart("Throughput (all ranks)", "samples/s")
         for chart in (self.loss, self.throughput):
             # The caption under the charts names the runs by colour, wrapped: a legend of
@@ -183,7 +189,11 @@ class CompareView(QWidget):
         self.splitter.setChildrenCollapsible(False)
         self.splitter.addWidget(upper)
         self.splitter.addWidget(self.settings)
-        self.splitter.setSizes([550, 450])  # proportions: the table shows several rows
+        # The charts get CHARTS_SHARE of the height, whatever the window's size, until the user
+        # drags the handle (sizes set before the tab is first shown were not kept: at 1000x700
+        # the charts had a plot a few pixels tall).
+        self._user_sized = False
+        self.splitter.splitterMoved.connect(self._dragged)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.splitter, 1)
@@ -191,6 +201,16 @@ class CompareView(QWidget):
         self.timer = QTimer(self)
         self.timer.setInterval(poll_ms)
         self.timer.timeout.connect(self.poll_once)
+
+    def _dragged(self, *_: object) -> None:
+        self._user_sized = True
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt's)
+        super().resizeEvent(event)
+        height = self.splitter.height()
+        if not self._user_sized and height > 0:
+            charts = round(height * CHARTS_SHARE)
+            self.splitter.setSizes([charts, height - charts])
 
     def set_runs(self, run_dirs: list[Path]) -> None:
         self.runs = [ComparedRun(p) for p in run_dirs]

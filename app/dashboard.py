@@ -51,6 +51,11 @@ much as a chart's, so not in every frame (docs/BENCHMARKS.md)."""
 PANEL_MIN_HEIGHT = 230
 """A chart panel is never squeezed below this (a chart of 80 px says nothing): where the
 window is too small for all four, the dashboard scrolls."""
+SYNC_MIN_HEIGHT = 300
+"""The sync panel's: two charts with two-row legends over a four-line breakdown (at 230 px
+its plots were 35 px tall)."""
+LOGGED_MIN_HEIGHT = 180
+"""A logged key's panel: one chart and no caption, so less than the built-in panels need."""
 TWO_COLUMNS_MIN_WIDTH = 900
 """Below this width the panels stand in one column, each as wide as the dashboard, rather
 than two columns of charts too narrow to read."""
@@ -95,6 +100,7 @@ class Dashboard(QWidget):
         self.panels: tuple[QWidget, ...] = (self.loss, self.throughput, self.sync, self.devices)
         for panel in self.panels:
             panel.setMinimumHeight(PANEL_MIN_HEIGHT)
+        self.sync.setMinimumHeight(SYNC_MIN_HEIGHT)
         page = QWidget()
         self.grid = QGridLayout(page)
         self.grid.setContentsMargins(0, 0, 0, 0)
@@ -174,14 +180,16 @@ class Dashboard(QWidget):
     def _arrange(self, columns: int, again: bool = False) -> None:
         """The panels in ``columns`` columns (2: loss and throughput above sync and devices;
         1: the four one under the other), then the logged keys' in the same way, every row
-        stretching alike. ``again``: even if the columns did not change (panels did)."""
+        stretching alike; the last panel takes the rest of its row. ``again``: even if the
+        columns did not change (panels did)."""
         if columns == self.columns and not again:
             return
         self.columns = columns
         for panel in self.panels:
             self.grid.removeWidget(panel)
-        for i, panel in enumerate(self.panels):
-            self.grid.addWidget(panel, i // columns, i % columns)
+        for i, panel in enumerate(self.panels):  # a last panel alone in its row: full width
+            span = columns - i % columns if i == len(self.panels) - 1 else 1
+            self.grid.addWidget(panel, i // columns, i % columns, 1, span)
         rows = -(-len(self.panels) // columns)
         for row in range(max(rows, self.grid.rowCount())):
             self.grid.setRowStretch(row, 1 if row < rows else 0)
@@ -196,7 +204,7 @@ class Dashboard(QWidget):
             if key in self.logged:
                 continue
             panel = self.logged[key] = LoggedPanel(key)
-            panel.setMinimumHeight(PANEL_MIN_HEIGHT)
+            panel.setMinimumHeight(LOGGED_MIN_HEIGHT)
             panel.chart.link_x(self.loss.chart)
             self.panels += (panel,)
             self.parts += ((panel.chart, panel.redraw),)

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLay
 
 from app.run_model import reason_text, steps_text
 from ddp_engine.common.run_dir import FINAL_STATES, read_status
-from ddp_engine.common.runs import RunSummary
+from ddp_engine.common.runs import SCRIPT_DATASET, RunSummary
 
 LOOKS = {"completed": ("#eaf4ea", "#2e7d32"), "stopped": ("#eef1f5", "#455a64"),
          "failed": ("#fdecea", "#b71c1c"), "interrupted": ("#fdecea", "#b71c1c"),
@@ -47,6 +47,9 @@ def banner_text(summary: RunSummary) -> tuple[str, str]:
     ckpt, step = checkpoint_of(summary.path)
     if ckpt is not None:
         lines.append(f"Checkpoint{f' (step {step})' if step is not None else ''}: {ckpt}")
+    elif summary.dataset == SCRIPT_DATASET:  # a script saves its own, where it chooses
+        lines.append("Rankscope saves no checkpoint for a script; the script's own are "
+                     "where it writes them.")
     else:
         lines.append("No checkpoint was saved.")
     return headline, "\n".join(lines)

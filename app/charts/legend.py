@@ -29,16 +29,23 @@ class BelowLegend(pg.LegendItem):
         self._shape: tuple[int, int, float, float] | None = None  # as last laid out
         plot.legend = self  # pyqtgraph adds each named item to plot.legend
         plot.layout.addItem(self, LEGEND_ROW, 1)
+        self._placed = True  # in the plot's grid (it leaves it while hidden)
         plot.vb.sigResized.connect(self.reflow)
         self.show_entries(False)
 
     def show_entries(self, on: bool) -> None:
-        """Show the legend, or hide it and give its height back to the plot."""
+        """Show the legend, or hide it and give its height back to the plot: hidden, it leaves
+        the plot's grid (a hidden item still holds its row at its entries' height)."""
         on = on and self.wanted
+        if on and not self._placed:
+            self.plot.layout.addItem(self, LEGEND_ROW, 1)
+        elif not on and self._placed:
+            self.plot.layout.removeItem(self)
+        self._placed = on
         self.setVisible(on)
         if on:
             self.reflow()
-        elif self._shape is None or self._shape[3]:
+        else:
             self._shape = None
             self.plot.layout.setRowFixedHeight(LEGEND_ROW, 0.0)
 

@@ -241,12 +241,16 @@ class _LossScan:
                 self.best = mean
 
 
+SCRIPT_DATASET = "(script)"
+"""What the Runs list shows as a user's script's dataset (its data are its own)."""
+
+
 def what_trains(config: dict[str, Any]) -> tuple[str | None, str | None]:
     """A run's model and dataset as the Runs list shows them; a user's script is its file's
     name (its model and data are its own)."""
     script = config.get("script")
     if isinstance(script, str) and script:
-        return Path(script).name, "(script)"
+        return Path(script).name, SCRIPT_DATASET
     return config.get("model"), config.get("dataset")
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QLabel, QTabWidget
 
-from app.compare import DIFFERS_BACKGROUND, X_TIME, CompareView
+from app.compare import CHARTS_SHARE, DIFFERS_BACKGROUND, X_TIME, CompareView
 
 START = 1_790_000_000.0
 
@@ -104,3 +105,31 @@ def test_a_growing_run_gains_its_validation_curve_and_keeps_its_table(
     assert "b: validation loss 0.8 at step 40" in view.validation_caption.text()
     assert view.settings.table.rowCount() == table_row_count
     assert view.settings.table.currentRow() == 2  # not rebuilt: the selection stays
+
+
+def test_the_charts_keep_their_share_of_a_small_view_until_the_user_drags(
+        qtbot, tmp_path: Path) -> None:
+    """In a 1000x700 window Compare is a tab about 650x470, first shown after its runs were
+    set: its charts get CHARTS_SHARE of the splitter (sizes set in the constructor gave 55%
+    here and, with stretch factors, 26%), a loss plot that says something, and keep a size
+    the user dragged to."""
+    runs = [_run(tmp_path, n, {"model": "mlp", "lr": lr}, evals=[(10, 0.9)])
+            for n, lr in (("a", 0.001), ("b", 0.003))]
+    tabs = QTabWidget()
+    qtbot.addWidget(tabs)
+    tabs.addTab(QLabel("the dashboard"), "Dashboard")
+    view = CompareView()
+    tabs.addTab(view, "Compare")
+    tabs.resize(650, 470)
+    tabs.show()
+    qtbot.waitExposed(tabs)
+    view.set_runs(runs)
+    tabs.setCurrentWidget(view)
+    qtbot.waitUntil(lambda: abs(view.splitter.sizes()[0] / sum(view.splitter.sizes())
+                                - CHARTS_SHARE) < 0.02)
+    assert view.loss.view.sceneBoundingRect().height() >= 80
+    view.splitter.moveSplitter(120, 1)  # the user drags the handle up: that size stays
+    dragged = view.splitter.sizes()
+    tabs.resize(660, 480)
+    qtbot.wait(20)
+    assert view.splitter.sizes()[0] <= dragged[0] + 5

@@ -189,6 +189,7 @@ def test_a_chart_per_logged_key_with_a_curve_per_rank_added_as_keys_come(qtbot) 
     # a run that logs nothing looks as it did: four panels, six charts, no note
     assert (len(dash.panels), len(dash.charts), dash.logged) == (4, 6, {})
     assert dash.unavailable.isHidden() and dash.grid.count() == 4
+    assert dash.grid.getItemPosition(dash.grid.indexOf(dash.devices)) == (1, 1, 1, 1)
 
     dash.reset()
     _logged_run(store)
@@ -203,8 +204,9 @@ def test_a_chart_per_logged_key_with_a_curve_per_rank_added_as_keys_come(qtbot) 
     assert list(dash.logged["val/acc"].chart.curves) == ["rank 0"]  # rank 1 never logged it
     # in the same grid, after the built-in panels (two columns at this width)
     assert dash.columns == 2
-    assert [dash.grid.getItemPosition(dash.grid.indexOf(p))[:2]
-            for p in dash.logged.values()] == [(2, 0), (2, 1), (3, 0)]
+    # (row, column, rows, columns): the last, alone in its row, takes the row's width
+    assert [dash.grid.getItemPosition(dash.grid.indexOf(p))
+            for p in dash.logged.values()] == [(2, 0, 1, 1), (2, 1, 1, 1), (3, 0, 1, 2)]
     # on the step charts' x axis
     dash.loss.chart.view.setXRange(30.0, 40.0, padding=0)
     assert all(p.chart.view.viewRange()[0] == [30.0, 40.0] for p in dash.logged.values())
@@ -212,6 +214,7 @@ def test_a_chart_per_logged_key_with_a_curve_per_rank_added_as_keys_come(qtbot) 
     _report(store, 60, ranks=2, logged={0: {"acc": 1.0}, 1: {"acc": 0.9, "grad/norm": 2.0}})
     dash.redraw(budget_s=None)
     assert list(dash.logged) == ["acc", "lr", "val/acc", "grad/norm"]
+    assert dash.grid.getItemPosition(dash.grid.indexOf(dash.logged["val/acc"])) == (3, 0, 1, 1)
     assert _curve(acc, "rank 1")[1] == [0.7, 0.8, 0.9]
     assert _curve(dash.logged["grad/norm"].chart, "rank 1") == ([60.0], [2.0])
 

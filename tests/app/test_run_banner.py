@@ -4,6 +4,7 @@ and status.json; nothing live left on screen for a run that ended."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -132,3 +133,17 @@ def test_an_ended_script_runs_steps_say_no_question_mark(tmp_path: Path) -> None
     assert _cell_texts(summary)[5] == "3840"
     summary.live = True
     assert _cell_texts(summary)[5] == "3840/?"
+
+
+def test_a_script_runs_banner_does_not_say_no_checkpoint_was_saved(tmp_path: Path) -> None:
+    """A script saves its checkpoints itself, where Rankscope cannot know; one Rankscope saved
+    (status.json names it) is still shown."""
+    run = make_run_folder(tmp_path, "script", checkpoint=False)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "script": "/home/u/train.py"}))
+    detail = banner_text(RunIndex(tmp_path).summarize(run))[1]
+    assert "No checkpoint was saved" not in detail and "the script's own" in detail
+    builtin = make_run_folder(tmp_path, "builtin", checkpoint=False)
+    assert banner_text(RunIndex(tmp_path).summarize(builtin))[1] == "No checkpoint was saved."
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    assert "Checkpoint" in banner_text(RunIndex(tmp_path).summarize(run))[1]

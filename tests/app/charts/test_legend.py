@@ -65,6 +65,26 @@ def test_the_old_floating_legend_would_have_been_caught(qtbot) -> None:
     assert covered_points(chart)
 
 
+def test_a_legend_not_shown_takes_no_height_from_its_plot(qtbot) -> None:
+    """Compare's charts name their runs in a caption (wanted = False): five named curves in
+    a hidden legend once held a row five entries tall under the x axis, half the chart."""
+    charts = [shown_chart(qtbot, 500, 300) for _ in range(2)]
+    charts[1].legend.wanted = False
+    x = np.arange(0.0, 50.0)
+    for chart in charts:
+        for i in range(5):
+            chart.set_data(f"run {i}", x, x * (i + 1), color(i))
+        chart.settle()
+    qtbot.wait(50)
+    shown, hidden = (c.legend for c in charts)
+    assert shown.isVisible() and not hidden.isVisible() and len(hidden.items) == 5
+    views = [c.view.sceneBoundingRect().height() for c in charts]
+    assert views[1] >= views[0] + shown.sceneBoundingRect().height() - 1
+    charts[0].legend.show_entries(False)  # a shown legend hidden again gives its row back
+    qtbot.wait(50)
+    assert abs(charts[0].view.sceneBoundingRect().height() - views[1]) <= 1
+
+
 def cut_labels(root: QWidget) -> list[str]:
     """The visible, non-wrapping labels whose text is wider than the label and that do not
     hold the whole text in their tooltip."""

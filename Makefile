@@ -81,16 +81,14 @@ SOAK_ARGS ?=
 soak: install
 	QT_QPA_PLATFORM=offscreen $(PY) bench/soak.py $(SOAK_ARGS)
 
-# docs/screenshot.png from a real window under Xvfb. Debian packages it needs:
+# docs/screenshots/ from the real window under Xvfb (docs/make_screenshots.py). Debian packages it needs:
 SCREENSHOT_DEBS = xvfb xdotool x11-utils imagemagick libxcb-cursor0 libxkbcommon-x11-0 \
 	libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-render-util0 libxcb-xinerama0 \
 	libxcb-shape0 libegl1 libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 screenshot: install
-	@command -v Xvfb >/dev/null && command -v xdotool >/dev/null || \
+	@command -v Xvfb >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SCREENSHOT_DEBS))
-	docs/make_screenshot.sh docs/screenshot.png 1600 1000
-	docs/make_screenshot.sh docs/screenshot-1000x700.png 1000 700
-	SCREENSHOT_CONFIG=docs/screenshot-script.toml docs/make_screenshot.sh docs/screenshot-script.png 1600 1000
+	$(PY) docs/make_screenshots.py docs/screenshots
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,7 @@ the Hugging Face Trainer and Accelerate: test_frameworks.py."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -307,3 +308,5 @@ def test_relative_paths_mean_the_callers_folder(tmp_path: Path) -> None:
     assert not beside_script, "outputs were written beside the script"
     assert_completed(run_dir, proc)
     _same_run(projects[0] / "outputs", projects[1] / "outputs", run_dir)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["script_cwd"] == str(projects[1])  # absolute, kept for a resume

@@ -43,7 +43,7 @@ from tests.conftest import cuda, processes_mentioning, run_engine
 from tests.simulated_nvml import CPU_BUILD, CUDA_BUILD, SimGpu, SimulatedNvml, four_gpus, mig_gpu
 
 CPU_BUILD_PROBLEM = cuda_problem(CPU_BUILD, "550.54.15", (12, 4))
-ROW = re.compile(r"^\s+(\d+ [KMG]iB)\s+(\d+)\s+([\d.]+ (?:us|ms))\s+(\S+) GB/s\s+(\S+) GB/s$",
+ROW = re.compile(r"^\s+(\d+ [KMG]iB)\s+(\d+)\s+([\d.]+ (?:µs|ms))\s+(\S+) GB/s\s+(\S+) GB/s$",
                  re.MULTILINE)
 
 

@@ -36,6 +36,7 @@ from app.run_model import progress_text, unavailable_text, warning_text
 from app.stacks_view import StacksPanel
 from ddp_engine.common.doctor_result import load_doctor
 from ddp_engine.common.heartbeat import fmt_seconds, hang_hint, read_heartbeats, stall_text
+from ddp_engine.common.run_dir import FINAL_STATES
 from ddp_engine.common.runs import fmt_duration
 
 REDRAW_MS = 16  # a tick: at most ~60 frames a second, however fast messages arrive
@@ -59,7 +60,7 @@ LOGGED_MIN_HEIGHT = 180
 TWO_COLUMNS_MIN_WIDTH = 900
 """Below this width the panels stand in one column, each as wide as the dashboard, rather
 than two columns of charts too narrow to read."""
-ENDED_STATES = ("completed", "stopped", "failed", "interrupted", "disconnected")
+ENDED_STATES = (*FINAL_STATES, "interrupted", "disconnected")
 """The states of a run shown that is no longer training: no ETA, no Stacks, no hang hint."""
 FRAME_BUDGET_S = 0.008
 """What the charts drawn in one frame may cost (their setData, fitting and paint, as each last

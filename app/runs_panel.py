@@ -91,8 +91,9 @@ class RunsWatcher(QObject):
 
 
 def _cell_texts(s: RunSummary) -> list[str]:
-    steps = ("" if s.step is None else f"{s.step}/{s.total_steps}" if s.total_steps
-             else f"{s.step}/?" if s.live else str(s.step))  # an ended script: its steps
+    steps = "" if s.step is None else str(s.step)  # an ended script: the steps it took
+    if s.step is not None and (s.total_steps or s.live):
+        steps += f"/{s.total_steps or '?'}"
     if s.kind != "run":
         steps = f"{s.total_steps} per count" if s.total_steps else ""
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.started)) if s.started else ""
@@ -136,7 +137,7 @@ class RunsPanel(QWidget):
         self.tree.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.tree.header().setStretchLastSection(False)
         self.tree.setColumnWidth(0, 260)
-        self._grown: set[int] = set()
+        self._grown: set[int] = set()  # the columns whose text changed (refresh fits them)
         self.buttons: dict[str, QPushButton] = {}
         self.choose = QPushButton("Folder...")
         self.choose.setObjectName("runs_choose")
@@ -226,7 +227,6 @@ class RunsPanel(QWidget):
         if time.monotonic() > self._message_until:
             self.folder.setText(self._folder_text)
         wanted: set[Path] = set()
-        self._grown: set[int] = set()  # the columns whose text changed
         for i, s in enumerate(summaries):
             self._update_item(s, None, i, wanted)
         for path in set(self._items) - wanted:

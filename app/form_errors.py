@@ -60,10 +60,15 @@ def refused(widget: QWidget) -> bool:
     return bool(widget.property("refused"))
 
 
+def leading_key(message: str) -> str:
+    """The config key a ConfigError message starts with ("" where it starts otherwise)."""
+    m = re.match(r"^([a-z_]+)", message)
+    return m.group(1) if m else ""
+
+
 def field_of(message: str, fields: dict[str, QWidget]) -> str | None:
     """The field a ConfigError message is about: messages start with the field's key."""
-    m = re.match(r"^([a-z_]+)", message)
-    key = m.group(1) if m else ""
+    key = leading_key(message)
     key = ALIASES.get(key, key)
     return key if key in fields else None
 
@@ -96,9 +101,8 @@ class FormErrors(QObject):
     def words(self, message: str) -> str:
         """``message`` with its leading key in the form's words ("lr must be" -> "Learning
         rate must be", "script_cwd: ..." -> "Working folder: ...")."""
-        m = re.match(r"^([a-z_]+)", message)
-        key = m.group(1) if m else ""
-        label = self.labels.get(ALIASES.get(key, key) if key not in self.labels else key)
+        key = leading_key(message)
+        label = self.labels.get(key) or self.labels.get(ALIASES.get(key, key))
         return label + message[len(key):] if label else message
 
     def edited(self) -> None:
@@ -110,9 +114,8 @@ class FormErrors(QObject):
         if key is None or focus is None:
             return
         self.dirty.add(key)
-        if not isinstance(focus, QLineEdit | QAbstractSpinBox) or (
-                isinstance(focus, QComboBox) and not focus.isEditable()):
-            self.touched.add(key)
+        if not isinstance(focus, QLineEdit | QAbstractSpinBox):  # (an editable combo's focus
+            self.touched.add(key)                              # is its line edit: typing)
 
     def reveal(self) -> None:
         """Start was pressed: show the error whatever was touched."""

@@ -1,5 +1,5 @@
 """The engine's command line, ``python -m ddp_engine launch | sweep | runs | stop | status |
-cluster | doctor | stacks`` (also the ``rankscope-engine`` command). Only ``launch`` and
+cluster | doctor | stacks | profile`` (also the ``rankscope-engine`` command). Only ``launch`` and
 ``sweep`` start runs; the others read a run's folder or signal its processes."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ddp_engine.common.runs import (
 from ddp_engine.common.straggler import run_verdict
 from ddp_engine.common.sweep_plan import DEFAULT_STEPS, parse_counts
 from ddp_engine.launch.doctor import add_doctor_arguments, run_doctor
+from ddp_engine.launch.profile_cmd import add_profile_arguments, run_profile
 from ddp_engine.launch.stacks_cmd import add_stacks_arguments, run_stacks
 from ddp_engine.launch.sweep import run_sweep
 
@@ -99,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
         "stopping it: py-spy --native where it is on PATH and allowed, else the rank's "
         "faulthandler. Saved as RUN_DIR/ranks/stacks-<time>.txt. Exit code: 0 stacks taken, "
         "1 no live rank answered, 2 bad input."))
+    add_profile_arguments(sub.add_parser(
+        "profile", help="profile the same steps on every rank of a live run, and read it",
+        description="Every rank of the run starts torch.profiler at the same step (agreed at "
+        "the next round, like a stop), records --steps steps and writes its trace to "
+        "RUN_DIR/profiles/<time>-step<S>/rank-<N>.json.gz; rank 0 reads them into "
+        "summary.json. --wait prints the summary. Exit code: 0 asked (with --wait: "
+        "written), 1 no live run, refused or not written in time, 2 bad input."))
     return parser
 
 
@@ -318,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         ns.script_args = script_args
     commands = {"launch": cmd_launch, "sweep": cmd_sweep, "runs": cmd_runs, "stop": cmd_stop,
                 "status": cmd_status, "cluster": cmd_cluster, "doctor": run_doctor,
-                "stacks": run_stacks}
+                "stacks": run_stacks, "profile": run_profile}
     try:
         code = commands[ns.command](ns)
         sys.stdout.flush()

@@ -9,12 +9,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.config_values import NODE_RANK_ENV
@@ -25,6 +27,7 @@ from ddp_engine.common.lifeline import (
     signal_name,
 )
 from ddp_engine.rank.backend import choose_backend, device_id_is_safe
+from ddp_engine.rank.profile_ask import ProfileAsk
 from ddp_engine.rank.report_pace import ReportPace
 
 
@@ -160,8 +163,8 @@ class Round:
 
     step: int
     rows: list[list[float]]
-    """[stop code, seconds per step, *report] per rank; the report is empty or all NaN when
-    the round carried none."""
+    """[stop code, seconds per step, *profile ask, *report] per rank (:data:`ROW_HEAD` columns
+    before the report); the report is empty or all NaN when the round carried none."""
     reported: bool
     """Whether the ranks sent a report (the same on every rank: reporting steps are fixed)."""
     time: float
@@ -169,7 +172,14 @@ class Round:
 
     def reports(self) -> list[list[float]]:
         """Each rank's report fields, row r for rank r."""
-        return [row[2:] for row in self.rows]
+        return [row[ROW_HEAD:] for row in self.rows]
+
+
+ROUND_SPAN = "rankscope::round"
+"""While a profile records, a round's all-gather runs inside this span (named apart from the
+script's collectives in the summary)."""
+ROW_HEAD = 2 + len(ProfileAsk.NONE)
+"""Columns of a round's row before the report: stop code, seconds per step, profile ask."""
 
 
 class StopFlag:
@@ -214,6 +224,8 @@ class StopFlag:
         self._pending: tuple[Any, list[torch.Tensor], int, bool, float] | None = None
         self.rounds: list[int] = []
         """The steps that started a round (tests and benchmarks read it)."""
+        self.profile = ProfileAsk()
+        """A profile asked for on rank 0, carried by the rounds; agreed like a stop."""
         self.handlers: dict[int, Any] = {}
         """The signal handlers :meth:`install_signal_handlers` set, by signal number (a
         script's own handler for one of them is chained onto ours)."""
@@ -372,13 +384,15 @@ class StopFlag:
 
     def _start(self, step: int, per_step_s: float, report: list[float] | None) -> None:
         code = self._code if self._requested else 0.0
-        row = torch.tensor([code, per_step_s, *(report or [])], dtype=torch.float64)
+        row = torch.tensor([code, per_step_s, *self.profile.row(), *(report or [])],
+                           dtype=torch.float64)
         world = 1 if self._group is None else dist.get_world_size(self._group)
         if world == 1:
             work, rows = None, [row]
         else:
             rows = [torch.empty_like(row) for _ in range(world)]
-            work = dist.all_gather(rows, row, group=self._group, async_op=True)
+            with record_function(ROUND_SPAN) if self.profile.recording else nullcontext():
+                work = dist.all_gather(rows, row, group=self._group, async_op=True)
         self.rounds.append(step)
         self._pending = (work, rows, step, report is not None, time.time())
 
@@ -392,6 +406,7 @@ class StopFlag:
         rows = [t.tolist() for t in tensors]
         self._per_step_s = max(r[1] for r in rows)
         code = max(r[0] for r in rows)
+        self.profile.read([r[2:ROW_HEAD] for r in rows])
         if code > 0 and not self.stopping:
             self._agree(code)
         return Round(step, rows, reported, when)

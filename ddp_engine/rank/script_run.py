@@ -58,6 +58,8 @@ def run_script(cfg: RunConfig, stop: StopFlag) -> int:
         heartbeat = Heartbeat(run_dir, info.rank)
         heartbeat.start()
         watch = ScriptWatch(cfg, info, run_dir, stop, telemetry, heartbeat)
+        if telemetry is not None:
+            telemetry.commands["profile"] = watch.profiler.command
         watch.install()
         rankscope._session = watch
         log.info("rank %d/%d runs %s %s in %s, run folder %s", info.rank, info.world_size,

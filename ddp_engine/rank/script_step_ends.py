@@ -88,6 +88,8 @@ def end_step(w: ScriptWatch, record: Any = None) -> None:
     if agreeing(w):
         due = w.stop.report_due(w.step) or last
         rounds = w.stop.after_step(w.step, (lambda: report_row(w)) if due else None, flush=last)
+        w.profiler.device = w.device
+        w.profiler.after_step(w.step)
         stopping = w.reporter.publish(rounds, w.step, w.epoch) or w.stop.stopping
         if due:
             w._say_unavailable()

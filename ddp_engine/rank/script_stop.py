@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.rank import checkpoint
-from ddp_engine.rank.distributed import DistInfo, Round, StopFlag
+from ddp_engine.rank.distributed import ROW_HEAD, DistInfo, Round, StopFlag
 from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.reporter import Reporter
 from ddp_engine.rank.save_wait import while_rank0_writes
@@ -193,7 +193,8 @@ def _publish(watch: ScriptEnd, finals: dict[int, dict[str, Any]]) -> None:
     size = next((len(row) for row in rows if row is not None), 0)
     if size:
         step = max(int(f["step"]) for f in finals.values())
-        full = [[0.0, 0.0, *(row if row is not None else [math.nan] * size)] for row in rows]
+        full = [[*[0.0] * ROW_HEAD, *(row if row is not None else [math.nan] * size)]
+                for row in rows]
         logged = [finals[r]["logged"] if r in finals else {} for r in range(world)]
         watch.reporter.publish([Round(step, full, True, time.time())], watch.step,
                                watch.epoch, logged=[logged])

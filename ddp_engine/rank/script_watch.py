@@ -35,6 +35,7 @@ from ddp_engine.rank.device_sampler import DeviceSampler
 from ddp_engine.rank.distributed import DistInfo, StopFlag
 from ddp_engine.rank.logged import LoggedScalars
 from ddp_engine.rank.places import rank_places
+from ddp_engine.rank.profiling import RankProfiler
 from ddp_engine.rank.reducer_timing import ReducerTiming, sync_source
 from ddp_engine.rank.report_pace import ReportPace
 from ddp_engine.rank.reporter import Reporter
@@ -89,6 +90,8 @@ class ScriptWatch:
         self.outcome: str | None = None
         """"completed" or "stopped" once every rank agreed to end (max_steps or a stop)."""
         self.device = torch.device("cpu")
+        self.profiler = RankProfiler.for_rank(run_dir, info, self.device, stop,
+                                              self.reporter.event)
         self.timer: StepTimer | None = None
         source, self.sync_note = sync_source(cfg.sync_timing)
         self.reducer_timing = (ReducerTiming(ReportPace.of(cfg).every)
@@ -350,6 +353,7 @@ class ScriptWatch:
                 rounds.append(self.stop.gather(self.step, report_row(self)))
             self.reporter.publish(rounds, self.step, self.epoch)
             self._say_unavailable()
+        self.profiler.close(self.step)
         if outcome == "stopped":
             self.reporter.event("stopping", step=self.step, reason=self.stop.reason)
             self._phase("checkpoint")
@@ -366,6 +370,7 @@ class ScriptWatch:
         if self._finished:
             return
         self._finished = True
+        self.profiler.close(self.step)
         if self.steps.end_pending() and self._held is not None and "steps" not in self.guard.off:
             self._loss, self._samples, record, _ = self._held  # the script's last step: no round
             self._held = None

@@ -69,6 +69,9 @@ class Telemetry:
         self._writer = MetricsWriter(run_dir)
         self._welcome_extra = welcome_extra
         self._on_stop = on_stop
+        self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+        """Other commands by message type (``profile``): called from the server thread with
+        the message, they return the reply (an ``ack`` or an ``error``)."""
         self._buffer_bytes = buffer_bytes
         self._history: list[bytes] = []
         self._history_max = history
@@ -351,6 +354,9 @@ class Telemetry:
             log.info("stop requested by viewer %s", v.addr)
             self._on_stop(stop_reason(msg))
             self._reply(v, {"type": "ack", "command": "stop", "time": time.time()})
+        elif msg["type"] in self.commands:
+            log.info("%s requested by viewer %s", msg["type"], v.addr)
+            self._reply(v, {**self.commands[msg["type"]](msg), "time": time.time()})
         return True
 
     def _reply(self, v: _Viewer, message: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ from ddp_engine.rank.losses import build_loss
 from ddp_engine.rank.lr_schedule import LrSchedule
 from ddp_engine.rank.models import build_model
 from ddp_engine.rank.places import rank_places
+from ddp_engine.rank.profiling import RankProfiler
 from ddp_engine.rank.reducer_timing import ReducerTiming, sync_source
 from ddp_engine.rank.report_pace import ReportPace
 from ddp_engine.rank.reporter import Reporter
@@ -92,6 +93,8 @@ class Trainer:
 
         self.places = rank_places(ctx.info, ctx.side_group, ctx.device)  # host, node, GPU per rank
         self.reporter.attach(ctx.side_group, self.places)
+        self.profiler = RankProfiler.for_rank(run_dir, ctx.info, ctx.device, stop,
+                                              self.reporter.event)
         self.data: DataBundle = self._build_data()
         torch.manual_seed(cfg.seed)  # same initial weights everywhere (DDP broadcasts rank 0's)
         model = build_model(cfg, self.data.info).to(self.device)
@@ -235,6 +238,7 @@ class Trainer:
                 rounds = self.stop.after_step(
                     step, (lambda: self._report(interval)) if report_due else None,
                     flush=checkpoint_due or last)
+                self.profiler.after_step(step)
                 if self.reporter.publish(rounds, step, self.pos.epoch) or self.stop.stopping:
                     outcome = "stopped"
                     break
@@ -251,6 +255,7 @@ class Trainer:
                 self.pos.epoch += 1
                 self.pos.step_in_epoch = 0
         self.stop.settle()  # a round left in flight by a break (its report is not needed)
+        self.profiler.close(self.pos.step)
         if interval.steps and not self.reporter.poisoned:  # the steps since the last report
             self.reporter.publish([self.stop.gather(self.pos.step, self._report(interval))],
                                   self.pos.step, self.pos.epoch)

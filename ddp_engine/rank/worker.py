@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         from ddp_engine.rank.trainer import Trainer  # after init: model/data building is slow
 
         trainer = Trainer(cfg, ctx, run_dir, stop, telemetry, heartbeat)
+        if telemetry is not None:
+            telemetry.commands["profile"] = trainer.profiler.command
         outcome = trainer.run()
         step = {"step": trainer.pos.step, "epoch": trainer.pos.epoch}
         if telemetry is not None:

@@ -1,0 +1,63 @@
+"""``python -m ddp_engine profile RUN_DIR [--steps N] [--wait]``: every rank of a live run
+profiles the same steps (see :mod:`ddp_engine.rank.profiling`); with ``--wait``, the summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ddp_engine.common.profile_client import (
+    ProfileError,
+    ask_profile,
+    check_steps,
+    follow_profile,
+)
+from ddp_engine.common.profile_files import DEFAULT_STEPS, MAX_STEPS, PROFILES_DIR
+from ddp_engine.common.profile_text import summary_text
+from ddp_engine.common.protocol import Connection, ProtocolError
+from ddp_engine.common.stacks import NotARunFolder, check_run_folder
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                        help=f"steps to record, 1-{MAX_STEPS} (default: {DEFAULT_STEPS})")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait until the traces are written and print the summary")
+    parser.add_argument("--shapes", action="store_true",
+                        help="record operators' input shapes (collectives' sizes on gloo)")
+    parser.add_argument("--stacks", action="store_true", help="record Python stacks")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="seconds --wait waits for the profile (default: 300)")
+
+
+def run_profile(ns: argparse.Namespace) -> int:
+    """0 asked (and, with --wait, written and summarized); 1 no live run, refused, or not
+    written in time; 2 bad input."""
+    try:
+        check_steps(ns.steps)
+        if ns.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {ns.timeout:g}")
+        check_run_folder(ns.run_dir)
+    except (ValueError, NotARunFolder) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        with Connection(ns.run_dir) as conn:
+            asked = ask_profile(conn, ns.steps, shapes=ns.shapes, stacks=ns.stacks)
+            print(f"profile of {ns.steps} steps asked for: every rank starts at the next agreed "
+                  f"round; traces go to {ns.run_dir}/{PROFILES_DIR}/", flush=True)
+            if not ns.wait:
+                return 0
+            summary = follow_profile(conn, asked, ns.timeout, on_started=_started)
+    except (ProtocolError, ProfileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(summary_text(summary), end="")
+    return 0
+
+
+def _started(msg: dict[str, Any]) -> None:
+    print(f"recording steps {msg['first_step']}-{msg['first_step'] + msg['steps'] - 1} on "
+          f"every rank, into {msg['folder']}", flush=True)

@@ -163,7 +163,8 @@ def read_rank(path: Path, rank: int) -> RankTrace:
         raise ValueError(f"{path} has no ProfilerStep spans: not a trace of recorded steps")
     main = step_spans[0].tid
     meta = {k: v for k, v in data.items() if k != "traceEvents"}
-    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    given = meta.get("distributedInfo")
+    info: dict[str, Any] = given if isinstance(given, dict) else {}
     meta["distributedInfo"] = info
     if info.get("backend") in (None, "undefined") and info.get("pg_config"):
         info["backend"] = info["pg_config"][0].get("backend_config")  # "cpu:gloo,cuda:nccl"

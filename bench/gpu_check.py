@@ -8,10 +8,12 @@ In order: the environment's facts; real runs on one GPU with nccl in fp32, bf16 
 gradient scaler), each with the model FLOPs utilization (MFU) it shows; the resume of the fp32
 run's CUDA checkpoint; the sync timing of the comm hook's CUDA events against torch.profiler's
 communication kernel time, and that of DDP's reducer timers (the default) against each step's
-span of communication kernels (each within 10%); the launcher SIGKILLed mid-run with no process
-and no GPU memory left; NVML's fields present and plausible, and each run's GPU identity
-matching NVML; a user's own script unchanged (examples/ddp_train.py, a Lightning script) under
-plain torchrun and under Rankscope, compared, and stopped (bench/gpu_check_scripts.py);
+span of communication kernels (each within 10%); a profile of 2 steps asked of a live run
+(``ddp_engine profile``), its NCCL kernels matched to the collectives called; the launcher
+SIGKILLed mid-run with no process and no GPU memory left; NVML's fields present and
+plausible, and each run's GPU identity matching NVML; a user's own script unchanged
+(examples/ddp_train.py, a Lightning script) under plain torchrun and under Rankscope,
+compared, and stopped (bench/gpu_check_scripts.py);
 ``doctor``; every test marked cuda; the monitoring-overhead benchmark on the machine's quieter
 cores.
 
@@ -40,6 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import gpu_check_profile as profile  # noqa: E402
 from bench import gpu_check_runs as runs  # noqa: E402
 from bench import gpu_check_scripts as scripts  # noqa: E402
 from bench import gpu_check_tools as tools  # noqa: E402
@@ -71,6 +74,8 @@ PARTS: tuple[Part, ...] = (
          tools.sync_timing, 120),
     Part("sync-reducer", "DDP's reducer timers vs each step's NCCL kernel span",
          tools.sync_timing_reducer, 120),
+    Part("profile", "a profile of 2 steps: NCCL kernels found, matched to their collectives",
+         profile.profile_part, 150, 60),
     Part("launcher-sigkill", "launcher SIGKILLed: no process, no GPU memory left",
          runs.launcher_sigkill, 180, 60),
     Part("flight-recorder", "NCCL's flight recorder: a real dump, read back",

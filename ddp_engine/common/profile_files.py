@@ -14,6 +14,10 @@ DEFAULT_STEPS = 5
 MAX_STEPS = 50
 """At most this many steps per profile: a trace grows with every step (GPU runs: megabytes)."""
 
+RECORDED_KEY = "rankscope_recorded_steps"
+"""A trace's metadata key: how many of its step markers are steps, when training ended before
+the profile's last step (the marker that torch closes after them spans no step)."""
+
 _TRACE = re.compile(r"^rank-(\d+)\.json\.gz$")
 _ERROR = re.compile(r"^rank-(\d+)\.error\.txt$")
 

@@ -35,6 +35,7 @@ from ddp_engine.common.profile_trace import (
     intersect,
     length,
     read_rank,
+    short_name,
     subtract,
     union,
 )
@@ -177,8 +178,8 @@ def _top_ops(t: RankTrace, steps: list[Interval]) -> list[dict[str, Any]]:
     if t.on_gpu:
         for k in t.gpu:
             inside = length(intersect([(k.start, k.end)], steps))
-            self_us[k.name] += inside
-            count[k.name] += 1 if inside else 0
+            self_us[short_name(k.name)] += inside
+            count[short_name(k.name)] += 1 if inside else 0
     else:
         spans = [s for s in t.host.get(t.main, []) if not s.name.startswith("ProfilerStep#")
                  and length(intersect([(s.start, s.end)], steps)) > 0]
@@ -207,7 +208,7 @@ def _calls_across(ranks: list[RankTrace]) -> dict[tuple[str, str], list[list[Any
     out: dict[tuple[str, str], list[list[Any]]] = {}
     for key, per in by.items():
         counts = {len(v) for v in per.values()}
-        if len(per) == len(ranks) and len(counts) == 1:
+        if len(per) == len(ranks) > 1 and len(counts) == 1:
             out[key] = [list(row) for row in zip(*(per[t.rank] for t in ranks), strict=True)]
         else:
             out[key] = []

@@ -67,7 +67,7 @@ def summary_text(s: dict[str, Any], top: int = 5) -> str:
         out.append(_table(
             ["kind", "group", "calls", "size", "time ms", "exposed ms", "overlapped",
              "skew ms (mean/max)", "last"],
-            [[c["kind"], c["group"], f"{c['calls_per_step']:g}", size_text(c.get("bytes")),
+            [[c["kind"], c["group"] or "-", f"{c['calls_per_step']:g}", size_text(c.get("bytes")),
               f"{c['time_ms']:.2f}", f"{c['exposed_ms']:.2f}",
               share_text(c.get("overlapped_share")),
               "-" if c.get("skew_ms_mean") is None

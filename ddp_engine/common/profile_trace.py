@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_engine.common.profile_files import RECORDED_KEY
+
 Interval = tuple[float, float]
 """(start, end) in microseconds since the epoch (the trace's ``baseTimeNanoseconds`` plus its
 ``ts``): comparable across the ranks of a machine, and across machines as far as their clocks
@@ -39,21 +41,33 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "c10::Half": 2, "c10::BFloat16": 2, "ha
                "signed char": 1, "int8": 1, "Float": 4, "Half": 2, "BFloat16": 2,
                "Double": 8, "Long": 8, "Int": 4, "Byte": 1, "Bool": 1}
 
-_KINDS = [  # (pattern over a collective's name, lower-cased and without separators, kind)
-    (re.compile(r"allreduce"), "all_reduce"),
-    (re.compile(r"allgather"), "all_gather"),
-    (re.compile(r"reducescatter"), "reduce_scatter"),
-    (re.compile(r"broadcast"), "broadcast"),
-    (re.compile(r"alltoall"), "all_to_all"),
-    (re.compile(r"barrier"), "barrier"),
-    (re.compile(r"sendrecv|^send|^recv"), "send_recv"),
-    (re.compile(r"^reduce"), "reduce"),
-    (re.compile(r"^gather"), "gather"),
-    (re.compile(r"^scatter"), "scatter"),
-]
+_KINDS = [("allreduce", "all_reduce"), ("allgather", "all_gather"),
+          ("reducescatter", "reduce_scatter"), ("broadcast", "broadcast"),
+          ("alltoall", "all_to_all"), ("barrier", "barrier"), ("sendrecv", "send_recv"),
+          ("send", "send_recv"), ("recv", "send_recv"), ("reduce", "reduce"),
+          ("gather", "gather"), ("scatter", "scatter")]
+"""(a collective's name, lower-cased and without separators, kind), longer names first."""
+_OP_SUFFIX = re.compile(r"(base|coalesced|tensor|intotensor|intotensorcoalesced|"
+                        r"tensorcoalesced|anysource)?")
+"""What an op's name adds to its collective's: ``_allgather_base_``, ``allreduce_coalesced_``."""
 OURS = "rankscope::"
 """Our own collectives (the agreed-stop rounds) run inside a span of this prefix while a profile
 records, so they are named apart from the script's."""
+
+
+def short_name(name: str, most: int = 90) -> str:
+    """A kernel's name without its ``void`` and parameter list, its templates elided when
+    long: ``ncclKernel_AllReduce_RING_LL_Sum_float``."""
+    name = name.removeprefix("void ")
+    depth = 0
+    for i, ch in enumerate(name):  # the parameter list: the first "(" outside the templates
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        if ch == "(" and depth == 0 and i:
+            name = name[:i]
+            break
+    if len(name) > most and "<" in name:
+        name = name[:name.index("<")] + "<...>"
+    return name if len(name) <= most else name[:most - 3] + "..."
 
 
 def collective_kind(name: str) -> str | None:
@@ -67,9 +81,10 @@ def collective_kind(name: str) -> str | None:
         core = name.split("_", 1)[1]
     else:
         return None
-    flat = core.strip("_").lower().replace("_", "").replace("-", "")  # _allgather_base_ too
-    for pattern, kind in _KINDS:
-        if pattern.search(flat):
+    flat = core.strip("_").lower().replace("_", "").replace("-", "")
+    kernel = name.startswith("nccl") and not name.startswith("nccl:")
+    for prefix, kind in _KINDS:
+        if flat.startswith(prefix) and (kernel or _OP_SUFFIX.fullmatch(flat[len(prefix):])):
             return kind
     return None
 
@@ -95,6 +110,8 @@ class Call:
 
     kind: str
     group: str
+    """Its process group as nccl names it ("default_pg", "mesh_shard", or the number), "" when
+    the trace does not say (gloo), "rankscope" for our own rounds."""
     arrive: float
     """When this rank called it (µs)."""
     nbytes: int | None
@@ -163,6 +180,9 @@ def read_rank(path: Path, rank: int) -> RankTrace:
         raise ValueError(f"{path} has no ProfilerStep spans: not a trace of recorded steps")
     main = step_spans[0].tid
     meta = {k: v for k, v in data.items() if k != "traceEvents"}
+    step_spans = [s for s in step_spans if s.tid == main]
+    if isinstance(meta.get(RECORDED_KEY), int):  # a profile cut short by the end of training
+        step_spans = sorted(step_spans, key=lambda s: s.start)[:meta[RECORDED_KEY]]
     given = meta.get("distributedInfo")
     info: dict[str, Any] = given if isinstance(given, dict) else {}
     meta["distributedInfo"] = info
@@ -186,8 +206,8 @@ def _collectives(t: RankTrace) -> None:
             elif s.name.startswith("c10d::"):
                 params = _param_comms(spans, i)
                 group = ("rankscope" if any(a <= s.start < b for a, b in ours)
-                         else str(params.get("Process Group Name", params.get("pg_name", "")))
-                         or "default")
+                         else str(params.get("Process Group Description")
+                                  or params.get("Process Group Name") or ""))
                 t.calls.append(Call(kind, group, s.start, _nbytes(kind, s, params),
                                     _before(spans, i), _seq(params)))
     for k in t.gpu:

@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from ddp_engine.common.profile_files import (
     MAX_STEPS,
     PROFILES_DIR,
+    RECORDED_KEY,
     error_file,
     profile_folder_name,
     trace_file,
@@ -66,6 +67,7 @@ class RankProfiler:
         self._first = 0  # the first recorded step
         self._last_step = 0
         self._exported = False
+        self._dropped = False  # the profile is given up: its trace is not written
         self.summaries: list[threading.Thread] = []
 
     @classmethod
@@ -116,15 +118,18 @@ class RankProfiler:
             return
         try:
             recorded = self._calls - WARMUP_STEPS
+            if recorded > 0:  # stop() closes one more step marker, around no step: not a step
+                self._prof.add_metadata_json(RECORDED_KEY, str(recorded))
+            self._dropped = recorded <= 0  # stop() may write the trace: of no step, then
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # torch: "RECORD followed by NONE"
                 self._prof.stop()
-            if recorded > 0 and not self._exported:
-                self._last_step = step
-                self._write(self._prof)
-            elif not self._exported:
+            if self._dropped:
                 self._note(f"training ended at step {step}, before the profile's first "
                            "recorded step")
+            elif not self._exported:
+                self._last_step = step
+                self._write(self._prof)
         except Exception as e:  # noqa: BLE001
             self._fail(e)
         finally:
@@ -137,7 +142,7 @@ class RankProfiler:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._first = step + WARMUP_STEPS + 1
         self._calls = 0
-        self._exported = False
+        self._exported = self._dropped = False
         if torch._C._autograd._profiler_enabled():  # the script's own profiler is running
             self._note("a profiler was already running in this process (the script's own?): "
                        "torch.profiler allows one at a time, so this rank was not profiled")
@@ -150,9 +155,6 @@ class RankProfiler:
                                          repeat=1),
                        on_trace_ready=self._write, record_shapes=agreed.shapes,
                        with_stack=agreed.stacks)
-        prof.add_metadata_json("rankscope", json.dumps({
-            "rank": self.rank, "first_step": self._first, "steps": agreed.steps,
-            "asked_at": agreed.asked_at, "device": str(self.device)}))
         prof.start()
         self._prof = prof
         self.ask.recording = True
@@ -165,6 +167,10 @@ class RankProfiler:
         self._last_step = step
         self._calls += 1
         self._prof.step()  # after the last recorded step: on_trace_ready writes the trace
+        if self._calls == WARMUP_STEPS:  # recording now: the trace takes metadata
+            self._prof.add_metadata_json("rankscope", json.dumps({
+                "rank": self.rank, "first_step": self._first, "steps": self._agreed.steps,
+                "asked_at": self._agreed.asked_at, "device": str(self.device)}))
         if self._calls >= WARMUP_STEPS + self._agreed.steps:
             self._prof.stop()
             self._prof = None
@@ -174,6 +180,8 @@ class RankProfiler:
         """on_trace_ready: this rank's trace, gzipped, under its final name only when whole."""
         assert self.folder is not None
         self._exported = True
+        if self._dropped:
+            return
         final = trace_file(self.folder, self.rank)
         part = final.with_name(f".{final.name[:-len('.json.gz')]}.part.json.gz")
         prof.export_chrome_trace(str(part))  # torch gzips a name ending in .gz

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QResizeEvent
@@ -31,11 +32,13 @@ from app.charts.base import Chart
 from app.charts.panels import DevicePanel, LoggedPanel, LossPanel, ThroughputPanel
 from app.charts.sync_panel import SyncPanel
 from app.metric_store import MetricStore
+from app.profile_view import ProfilePanel
 from app.run_banner import RunBanner
 from app.run_model import progress_text, unavailable_text, warning_text
 from app.stacks_view import StacksPanel
 from ddp_engine.common.doctor_result import load_doctor
 from ddp_engine.common.heartbeat import fmt_seconds, hang_hint, read_heartbeats, stall_text
+from ddp_engine.common.profile_text import sampled_text
 from ddp_engine.common.run_dir import FINAL_STATES
 from ddp_engine.common.runs import fmt_duration
 
@@ -98,12 +101,22 @@ class Dashboard(QWidget):
         top.addWidget(self.progress, 1)
         self.stacks = StacksPanel()  # the Stacks button, and its text under the alerts
         top.addWidget(self.stacks.button)
+        self.profile = ProfilePanel()  # Profile N steps, and the reading under the charts
+        top.addWidget(self.profile.controls)
+        self.profile.shown.connect(self._sampled)
+        self.sampled = ""
+        """The latest profile's communication share, for a script whose sync is not timed."""
         self.panels: tuple[QWidget, ...] = (self.loss, self.throughput, self.sync, self.devices)
         for panel in self.panels:
             panel.setMinimumHeight(PANEL_MIN_HEIGHT)
         self.sync.setMinimumHeight(SYNC_MIN_HEIGHT)
         page = QWidget()
-        self.grid = QGridLayout(page)
+        stack = QVBoxLayout(page)  # the charts, and under them a profile's reading
+        stack.setContentsMargins(0, 0, 0, 0)
+        charts = QWidget()
+        stack.addWidget(charts, 1)
+        stack.addWidget(self.profile)
+        self.grid = QGridLayout(charts)
         self.grid.setContentsMargins(0, 0, 0, 0)
         self.columns = 0
         self._arrange(2)
@@ -242,6 +255,8 @@ class Dashboard(QWidget):
     def run_dir(self, folder: Path | None) -> None:
         self._run_dir = folder
         self.stacks.set_run(folder)
+        self.sampled = ""
+        self.profile.set_run(folder)
         self.load_reference()
 
     def load_reference(self) -> None:
@@ -329,6 +344,7 @@ class Dashboard(QWidget):
         total = info.total_steps or 0
         ended = self.ended
         self.stacks.set_ended(ended)
+        self.profile.set_ended(ended)
         if not total and ended:  # an unknown length that ended: its steps, all done
             self.progress.setRange(0, 1)
             self.progress.setValue(1)
@@ -384,5 +400,19 @@ class Dashboard(QWidget):
         self.unavailable.setVisible(bool(text))
         for key, charts in self.noted.items():
             why = items.get(key)
+            sampled = f"\n{self.sampled}" if key == "sync" and self.sampled else ""
             for chart in charts:
-                chart.set_note(f"Not measured for this script: {why}" if why else "")
+                chart.set_note(f"Not measured for this script: {why}{sampled}" if why else "")
+
+    def _sampled(self, summary: dict[str, Any]) -> None:
+        """A profile of the run shown was read: its communication, over the charts that a
+        script without DDP leaves empty (marked as sampled)."""
+        self.sampled = sampled_text(summary)
+        self._unavailable_said = {"": ""}  # said again, with it
+        self._unavailable()
+        QTimer.singleShot(0, lambda: self.scroll.ensureWidgetVisible(self.profile, 0, 0))
+
+    def profile_events(self, batch: list[dict[str, Any]]) -> None:
+        """A profile of the run shown written (asked by the command line too): read it."""
+        if any(m.get("kind") == "profile" and m.get("state") == "written" for m in batch):
+            self.profile.set_run(self._run_dir)

@@ -143,6 +143,7 @@ class MainWindow(QMainWindow):
         self.controller.state_changed.connect(self._on_state)
         self.controller.welcomed.connect(self.store.add)
         self.controller.messages.connect(self.store.add_many)
+        self.controller.messages.connect(self.dashboard.profile_events)
         self.controller.notice.connect(self.message_label.setText)
         self.controller.finished.connect(self._on_finished)
         self.last_result: dict[str, Any] | None = None

@@ -95,9 +95,12 @@ class Menus:
                              "(doctor): what the sync charts are compared with")
         self.stacks = tip(action(w, "Take stacks", "Ctrl+T", self._stacks),
                           "Take the stack of every rank of the run shown, without stopping it")
+        self.profile = tip(action(w, "Profile steps", "Ctrl+Shift+P", self._profile),
+                           "Profile the same steps on every rank of the run shown, and read "
+                           "where each rank's time goes")
         self.folder = tip(action(w, "Runs folder...", "Ctrl+O", w.runs.choose_folder),
                           "Choose the folder whose runs the Runs panel lists")
-        self.tools.addActions([w.doctor_action, self.stacks, self.folder])
+        self.tools.addActions([w.doctor_action, self.stacks, self.profile, self.folder])
 
         self.help = bar.addMenu("&Help")
         self.guide = tip(action(w, "User guide", "F1", lambda: self.open_doc(GUIDE)),
@@ -138,6 +141,14 @@ class Menus:
             return
         w.tabs.setCurrentWidget(w.dashboard)
         w.dashboard.stacks.take(w.viewing)
+
+    def _profile(self) -> None:
+        w = self.window
+        if w.viewing is None or not w.dashboard.profile.button.isEnabled():
+            w.message_label.setText("no profile to take: no local run is training in view")
+            return
+        w.tabs.setCurrentWidget(w.dashboard)
+        w.dashboard.profile.take()
 
     def open_doc(self, path: Path) -> None:
         if not self.open_url(QUrl.fromLocalFile(str(path))):

@@ -56,6 +56,7 @@ def rank_side(args: argparse.Namespace) -> None:
 
     from ddp_engine.common.profile_files import profile_folders, traces
     from ddp_engine.rank.distributed import ROW_HEAD, StopFlag, init_distributed, teardown
+    from ddp_engine.rank.profile_ask import answer
     from ddp_engine.rank.reports import REPORT_FIELDS
     from ddp_engine.rank.trainer import Trainer
 
@@ -91,7 +92,7 @@ def rank_side(args: argparse.Namespace) -> None:
             into.append(time.perf_counter() - t0)
     # a profile, agreed as in a run: rank 0 asks, a round carries it
     if rank == 0:
-        profiler.command({"type": "profile", "steps": 5})
+        answer(stop.profile, work, {"type": "profile", "steps": 5})
     stop.gather(args.steps, [])
     profiled, step = [], args.steps + 1
     write_s = 0.0

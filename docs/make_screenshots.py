@@ -122,6 +122,10 @@ def shoot(out: Path, runs: Path, found: dict[str, Path], width: int, height: int
     while w.store.info.step < 400 and time.monotonic() < end:
         settle(0.2)
     grab("live")
+    w.dashboard.profile.take()  # Profile 5 steps: the reading under the charts
+    while w.dashboard.profile.summary is None and time.monotonic() < end + 120:
+        settle(0.2)
+    grab("profile")
     w.stop_run()
     while w.controller.active and time.monotonic() < end + 60:
         settle(0.2)

@@ -95,3 +95,19 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join("  " + "  ".join(x.rjust(w) if i else x.ljust(w)
                                       for i, (x, w) in enumerate(zip(line, widths, strict=True)))
                      for line in lines)
+
+
+def sampled_text(s: dict[str, Any]) -> str:
+    """The communication of a profile in one line, for a run whose live sync is not timed (a
+    script without DDP): it is a sample of a few steps, and says so."""
+    ranks = s.get("per_rank") or []
+    if not ranks:
+        return ""
+    first = s.get("first_step")
+    steps = f"steps {first}-{first + s['steps'] - 1}" if first else f"{s['steps']} steps"
+    comm = sum(r["comm_ms"] for r in ranks) / len(ranks)
+    exposed = sum(r["parts_ms"]["comm_exposed"] for r in ranks) / len(ranks)
+    step = s["step_time_ms"]
+    return (f"Sampled by the profile of {steps}: communication {comm:.2f} ms of "
+            f"{step:.2f} ms a step ({share_text(comm / step if step else None)}), "
+            f"{exposed:.2f} ms of it not overlapped")

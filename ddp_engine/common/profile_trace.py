@@ -148,8 +148,11 @@ def load_trace(path: Path) -> dict[str, Any]:
         ValueError: not a Chrome trace (no traceEvents list), naming the file.
     """
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        data = json.load(f)
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (EOFError, OSError, UnicodeDecodeError, ValueError) as e:  # gzip.BadGzipFile too
+        raise ValueError(f"{path} cannot be read as a trace ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ValueError(f"{path} is not a Chrome trace: it has no traceEvents list")
     return data

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddp_engine.common.profile_files import DEFAULT_STEPS, MAX_STEPS, PROFILES_DIR
 
 SHAPES = 1
 STACKS = 2
@@ -71,3 +75,22 @@ class ProfileAsk:
         """The profile agreed by the round just read, once."""
         agreed, self._agreed = self._agreed, None
         return agreed
+
+
+def answer(ask: ProfileAsk, run_dir: Path, msg: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's reply to a viewer's ``{"type": "profile", "steps": N, "shapes": bool,
+    "stacks": bool}`` (its server thread): an ack with the ask's id, or an error. Registered
+    with the telemetry server when it starts, so an ask made while the run is still starting is
+    kept for its first round."""
+    steps = msg.get("steps", DEFAULT_STEPS)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        return _error(f"steps must be a whole number between 1 and {MAX_STEPS}, got {steps!r}")
+    if ask.recording or ask.pending:
+        return _error("a profile is already being taken; ask again when it is written "
+                      f"(under {run_dir / PROFILES_DIR})")
+    asked = ask.ask(steps, shapes=msg.get("shapes") is True, stacks=msg.get("stacks") is True)
+    return {"type": "ack", "command": "profile", "id": asked, "steps": steps}
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"type": "error", "command": "profile", "message": message}

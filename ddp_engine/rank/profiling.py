@@ -2,10 +2,11 @@
 its trace to ``RUN_DIR/profiles/<time>-step<S>/rank-<N>.json.gz``; rank 0 then reads them all
 into ``summary.json`` (:mod:`ddp_engine.common.profile_summary`), in a thread of its own.
 
-The ask comes to rank 0 (``{"type": "profile", "steps": N}`` from a viewer) and is agreed in
-a round (:class:`~ddp_engine.rank.profile_ask.ProfileAsk`): the round is read after the same
-step on every rank, the profiler starts there, warms up over one step (its start-up cost stays
-out of the record) and records the next N. A run that is never profiled pays one call per step
+The ask comes to rank 0 (``{"type": "profile", "steps": N}`` from a viewer,
+:func:`~ddp_engine.rank.profile_ask.answer`) and is agreed in a round
+(:class:`~ddp_engine.rank.profile_ask.ProfileAsk`): the round is read after the same step on
+every rank, the profiler starts there, warms up over one step (its start-up cost stays out of
+the record) and records the next N. A run that is never profiled pays one call per step
 that finds nothing to do. Anything that goes wrong turns the profile off on that rank, says so
 (``rank-<N>.error.txt``, a warning on rank 0) and leaves training alone.
 """
@@ -20,13 +21,11 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from ddp_engine.common.profile_files import (
-    MAX_STEPS,
     PROFILES_DIR,
     RECORDED_KEY,
     error_file,
@@ -83,26 +82,11 @@ class RankProfiler:
     def active(self) -> bool:
         return self._prof is not None
 
-    # ------------------------------------------------------------------ rank 0: the ask
-    def command(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """A viewer's ``{"type": "profile", "steps": N, "shapes": bool, "stacks": bool}``
-        (rank 0's server thread): the reply, an ack with the ask's id or an error."""
-        steps = msg.get("steps", 5)
-        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-            return _error(f"steps must be a whole number between 1 and {MAX_STEPS}, "
-                          f"got {steps!r}")
-        if self.active or self.ask.pending:
-            return _error("a profile is already being taken; ask again when it is written "
-                          f"(under {self.run_dir / PROFILES_DIR})")
-        asked = self.ask.ask(steps, shapes=msg.get("shapes") is True,
-                             stacks=msg.get("stacks") is True)
-        return {"type": "ack", "command": "profile", "id": asked, "steps": steps}
-
     # ------------------------------------------------------------------ every rank
     def after_step(self, step: int) -> None:
         """After step ``step``'s round on every rank: start an agreed profile, or advance the
         running one (and write it after its last step)."""
-        agreed = self.ask.take()
+        agreed = self.ask.take() if self._prof is None else None  # else: kept for after
         try:
             if self._prof is not None:
                 self._advance(step)
@@ -245,5 +229,3 @@ class RankProfiler:
         self.summaries.append(thread)
 
 
-def _error(message: str) -> dict[str, Any]:
-    return {"type": "error", "command": "profile", "message": message}

@@ -15,6 +15,7 @@ import logging
 import os
 import runpy
 import sys
+from functools import partial
 from pathlib import Path
 
 import rankscope
@@ -23,6 +24,7 @@ from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.common.run_dir import prepare_run_dir
 from ddp_engine.common.stack_dumps import arm_stack_dumps
 from ddp_engine.rank.distributed import DistInfo, StopFlag
+from ddp_engine.rank.profile_ask import answer
 from ddp_engine.rank.rank_life import RunFailed, close_rank, record_failure, write_rank_state
 from ddp_engine.rank.script_stop import ScriptStopped, publish_finals
 from ddp_engine.rank.script_watch import ScriptWatch
@@ -52,14 +54,14 @@ def run_script(cfg: RunConfig, stop: StopFlag) -> int:
         if info.rank == 0:
             telemetry = Telemetry(
                 run_dir, welcome_extra={"world_size": info.world_size, "config": cfg.to_dict()},
-                on_stop=stop.request, port=cfg.monitor_port if cfg.telemetry else None,
+                on_stop=stop.request,
+                commands={"profile": partial(answer, stop.profile, run_dir)},
+                port=cfg.monitor_port if cfg.telemetry else None,
                 buffer_bytes=cfg.monitor_buffer_bytes)
         write_rank_state(run_dir, info, "cpu", "running")
         heartbeat = Heartbeat(run_dir, info.rank)
         heartbeat.start()
         watch = ScriptWatch(cfg, info, run_dir, stop, telemetry, heartbeat)
-        if telemetry is not None:
-            telemetry.commands["profile"] = watch.profiler.command
         watch.install()
         rankscope._session = watch
         log.info("rank %d/%d runs %s %s in %s, run folder %s", info.rank, info.world_size,

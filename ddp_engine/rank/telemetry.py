@@ -58,18 +58,23 @@ class Telemetry:
         welcome_extra: ``{"world_size", "config"}`` sent in every welcome.
         on_stop: called (from the server thread) when an authenticated viewer sends stop,
             with the reason to give (:func:`stop_reason`).
+        commands: other commands by message type (``profile``), each called from the server
+            thread with the message and returning the reply; given here, they are answered
+            from the first connection on.
         port: TCP port on 127.0.0.1; 0 picks a free one. None: no server (file only).
         buffer_bytes: how far a viewer may fall behind the live stream before it is dropped.
     """
 
     def __init__(self, run_dir: Path, *, welcome_extra: dict[str, Any],
                  on_stop: Callable[[str], None], port: int | None = 0,
+                 commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
                  buffer_bytes: int = 8 * 1024 * 1024, history: int = DEFAULT_HISTORY) -> None:
         self.run_dir = run_dir
         self._writer = MetricsWriter(run_dir)
         self._welcome_extra = welcome_extra
         self._on_stop = on_stop
-        self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+        self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = \
+            dict(commands or {})
         """Other commands by message type (``profile``): called from the server thread with
         the message, they return the reply (an ``ack`` or an ``error``)."""
         self._buffer_bytes = buffer_bytes

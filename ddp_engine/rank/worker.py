@@ -12,6 +12,7 @@ arm_parent_death()  # first, before the slow imports: a launcher that dies now t
 import argparse
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from ddp_engine.rank.distributed import (
     StopFlag,
     init_distributed,
 )
+from ddp_engine.rank.profile_ask import answer
 from ddp_engine.rank.rank_life import (
     RunFailed,
     close_rank,
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_dir, welcome_extra={"world_size": ctx.info.world_size,
                                         "config": cfg.to_dict()},
                 on_stop=stop.request,
+                commands={"profile": partial(answer, stop.profile, run_dir)},
                 port=cfg.monitor_port if cfg.telemetry else None,
                 buffer_bytes=cfg.monitor_buffer_bytes)
         write_rank_state(run_dir, ctx.info, ctx.device, "running")
@@ -94,8 +97,6 @@ def main(argv: list[str] | None = None) -> int:
         from ddp_engine.rank.trainer import Trainer  # after init: model/data building is slow
 
         trainer = Trainer(cfg, ctx, run_dir, stop, telemetry, heartbeat)
-        if telemetry is not None:
-            telemetry.commands["profile"] = trainer.profiler.command
         outcome = trainer.run()
         step = {"step": trainer.pos.step, "epoch": trainer.pos.epoch}
         if telemetry is not None:

@@ -30,7 +30,7 @@ def test_every_action_is_in_a_menu_with_a_unique_shortcut_named_in_its_tooltip(
     assert [a.text() for a in menus["View"]] == [
         "Dashboard", "Logs", "Scaling", "Launch panel", "Runs panel"]
     assert [a.text() for a in menus["Tools"]] == [
-        "Check devices...", "Take stacks", "Runs folder..."]
+        "Check devices...", "Take stacks", "Profile steps", "Runs folder..."]
     assert [a.text() for a in menus["Help"]] == ["User guide", "Reference", "About Rankscope"]
     toolbar = window.findChild(QToolBar, "run_toolbar")
     in_menus = {a for actions in menus.values() for a in actions}

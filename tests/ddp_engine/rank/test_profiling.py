@@ -18,7 +18,7 @@ from ddp_engine.common.profile_files import PROFILES_DIR, SUMMARY_FILE, profile_
 from ddp_engine.common.profile_trace import read_rank
 from ddp_engine.common.protocol import MONITOR_FILE
 from ddp_engine.common.run_dir import read_status
-from ddp_engine.rank.profile_ask import ProfileAsk
+from ddp_engine.rank.profile_ask import ProfileAsk, answer
 from ddp_engine.rank.profiling import RankProfiler
 from tests.conftest import REPO, run_engine, start_engine, wait_for
 from tests.ddp_engine.launch.test_launcher import assert_no_process_left, events, metrics
@@ -157,7 +157,7 @@ def one_rank(tmp_path: Path) -> tuple[RankProfiler, list[tuple[str, dict[str, An
 
 def _agree(profiler: RankProfiler, steps: int) -> None:
     """What a round carrying rank 0's ask does on every rank."""
-    reply = profiler.command({"type": "profile", "steps": steps})
+    reply = answer(profiler.ask, profiler.run_dir, {"type": "profile", "steps": steps})
     assert reply["type"] == "ack", reply
     profiler.ask.read([list(profiler.ask.row())])
 
@@ -222,11 +222,12 @@ def test_a_script_profiling_itself_keeps_its_profiler_and_this_rank_says_so(one_
 def test_asks_are_checked_and_one_at_a_time(one_rank) -> None:
     profiler, _ = one_rank
     for bad in (0, 51, "5", 2.5, True):
-        reply = profiler.command({"type": "profile", "steps": bad})
+        reply = answer(profiler.ask, profiler.run_dir, {"type": "profile", "steps": bad})
         assert reply["type"] == "error", bad
         assert reply["message"] == f"steps must be a whole number between 1 and 50, got {bad!r}"
-    assert profiler.command({"type": "profile", "steps": 2})["type"] == "ack"
-    again = profiler.command({"type": "profile"})
+    assert answer(profiler.ask, profiler.run_dir, {"type": "profile", "steps": 2})["type"] \
+        == "ack"
+    again = answer(profiler.ask, profiler.run_dir, {"type": "profile"})
     assert again["type"] == "error" and "already being taken" in again["message"]
 
 

@@ -4,6 +4,7 @@ labels take new text a few times a second."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from app.charts.base import Chart
 from app.dashboard import Dashboard
@@ -322,3 +323,27 @@ def test_the_sync_bandwidth_is_shown_against_what_doctor_measured(qtbot, tmp_pat
     dash.redraw(budget_s=None)
     assert dash.sync.caption.full_text().endswith(
         "sync bus bandwidth 1.33 GB/s = 50% of the 2.67 GB/s doctor measured (gloo, 2 processes)")
+
+
+def test_a_profile_gives_a_script_without_ddp_its_communication_marked_as_sampled(
+        qtbot) -> None:
+    """FSDP2 and other scripts without DDP have no live sync timing: the latest profile's
+    communication is written over the empty sync charts, as a sample of its steps."""
+    from ddp_engine.common.profile_summary import summarize
+
+    dash = _dashboard(qtbot)
+    dash.store.add({"type": "event", "kind": "run_start", "time": 0.0, "total_steps": None,
+                    "steps_per_epoch": None, "world_size": 2, "start_step": 0,
+                    "source": "script", "script": "/home/u/fsdp.py"})
+    why = "the script built no DistributedDataParallel"
+    dash.store.add({"type": "event", "kind": "unavailable", "step": 10, "items": {"sync": why}})
+    dash.redraw(budget_s=None)
+    assert dash.sync.sync.note() == f"Not measured for this script: {why}"
+    summary = summarize(Path(__file__).parents[1] / "fixtures" / "profiles" / "ddp-2rank")
+    dash.profile.show_summary(summary)
+    sampled = dash.sync.sync.note().splitlines()[1]
+    assert sampled.startswith("Sampled by the profile of 5 steps: communication ")
+    comm = sum(r["comm_ms"] for r in summary["per_rank"]) / 2
+    assert f"communication {comm:.2f} ms of {summary['step_time_ms']:.2f} ms a step" in sampled
+    assert dash.sync.share.note() == dash.sync.sync.note()
+    assert dash.throughput.chart.note() == ""  # only sync is replaced by a sample

@@ -6,10 +6,12 @@ and how much a profiled step and writing its trace take when one is.
 Runs itself under torchrun (2 CPU ranks, gloo, OMP_NUM_THREADS=1) on the overhead workload
 (bench/telemetry_overhead.py's MLP, the default width), with a real Trainer. Rank 0 reports:
 
-- ``idle hook``: ``RankProfiler.after_step`` per step while nothing is asked (what every step of
-  every run pays), the main thread's CPU time, median over ``--steps`` calls;
+- ``idle hook``: ``RankProfiler.after_step`` while nothing is asked (what every step of every
+  run pays), timed over 100,000 calls in a row (median of 5 such loops): one clock read costs
+  more than a call on these machines;
 - ``round``: the round's all-gather with its three profile columns against the same all-gather
-  without them (what each round pays), interleaved pair by pair, medians and their ratio;
+  without them (what each round pays), interleaved pair by pair (each first in turn), medians
+  and their ratio;
 - ``step``: the training step's wall time, median over ``--steps`` steps, against which the
   two above are put;
 - a profile of 5 steps taken as the app takes it (agreed in a round): the wall time of the
@@ -21,14 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.two_ranks import endless, main, on_two_ranks, rank_folder, workload  # noqa: E402
+from bench.two_ranks import endless, main, on_two_ranks, workload  # noqa: E402
 
 
 def launch(args: argparse.Namespace) -> None:
@@ -37,7 +42,7 @@ def launch(args: argparse.Namespace) -> None:
     print(f"mlp 256-{args.hidden}-{args.hidden}-10, 2 CPU ranks (gloo), default settings; "
           f"rank 0, {args.steps} steps")
     print(f"  step (wall, median)           {step_us:9.1f} us")
-    print(f"  idle hook per step (CPU)      {got['hook_us']:9.3f} us  "
+    print(f"  idle hook per step            {got['hook_us']:9.3f} us  "
           f"= {got['hook_us'] / step_us:.5%} of a step")
     r = got["round"]
     print(f"  round all-gather, with / without the profile columns: {r['with_us']:.1f} / "
@@ -63,7 +68,9 @@ def rank_side(args: argparse.Namespace) -> None:
     ctx = init_distributed("cpu", 120)
     rank = ctx.info.rank
     cfg = workload(args.hidden)
-    work = rank_folder("profile-overhead", rank)
+    work = Path(tempfile.gettempdir()) / f"profile-overhead-{os.environ['MASTER_PORT']}"
+    (work / "checkpoints").mkdir(parents=True, exist_ok=True)  # one run folder, as in a run:
+    (work / "ranks").mkdir(exist_ok=True)  # rank 0 reads every rank's trace there
     stop = StopFlag.from_config(cfg, ctx.side_group)
     said: list[tuple[str, dict[str, Any]]] = []
     trainer = Trainer(cfg, ctx, work, stop, None, None)
@@ -72,19 +79,25 @@ def rank_side(args: argparse.Namespace) -> None:
     feed = endless(trainer)
     for _ in range(30):  # warm-up
         trainer._train_step(feed)
-    hook, steps = [], []
+    steps = []
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         trainer._train_step(feed)
         steps.append(time.perf_counter() - t0)
-        c0 = time.thread_time_ns()
         profiler.after_step(step)
-        hook.append(time.thread_time_ns() - c0)
+    # the hook alone, many calls in a row (a clock read costs more than one call here)
+    hook = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(HOOK_CALLS):
+            profiler.after_step(args.steps)
+        hook.append((time.perf_counter() - t0) / HOOK_CALLS)
     # the round: the same all-gather with and without the three profile columns
     width = ROW_HEAD + len(REPORT_FIELDS)
     with_cols, without = [], []
-    for _ in range(args.steps):
-        for n, into in ((width, with_cols), (width - 3, without)):
+    for i in range(args.steps):  # each pair in turn first: the first of a pair may wait more
+        pair = ((width, with_cols), (width - 3, without))
+        for n, into in pair if i % 2 else pair[::-1]:
             row = torch.zeros(n, dtype=torch.float64)
             rows = [torch.empty_like(row) for _ in range(2)]
             t0 = time.perf_counter()
@@ -97,14 +110,15 @@ def rank_side(args: argparse.Namespace) -> None:
     profiled, step = [], args.steps + 1
     write_s = 0.0
     while True:
+        was = profiler.active  # this step runs under the profiler (warm-up or recorded)
         t0 = time.perf_counter()
         trainer._train_step(feed)
         t1 = time.perf_counter()
         profiler.after_step(step)
         t2 = time.perf_counter()
-        if profiled or profiler.active:
+        if was:
             profiled.append(t1 - t0)
-            write_s = t2 - t1
+            write_s = t2 - t1  # the last one: its trace written
         step += 1
         if profiled and not profiler.active:
             break
@@ -118,7 +132,7 @@ def rank_side(args: argparse.Namespace) -> None:
         written = [f for k, f in said if f.get("state") == "written"]
         Path(args.out).write_text(json.dumps({
             "step_us": 1e6 * statistics.median(steps),
-            "hook_us": statistics.median(hook) / 1e3,
+            "hook_us": 1e6 * statistics.median(hook),
             "round": {"with_us": 1e6 * statistics.median(with_cols),
                       "without_us": 1e6 * statistics.median(without), "pairs": args.steps},
             "profile": {"warmup_us": 1e6 * profiled[0],
@@ -128,6 +142,11 @@ def rank_side(args: argparse.Namespace) -> None:
                         "summary_ms": 1e3 * (written[0]["analysis_s"] if written
                                               else summary_s)}}))
     teardown()
+    if rank == 0:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+HOOK_CALLS = 100_000
 
 
 def options(parser: argparse.ArgumentParser) -> None:

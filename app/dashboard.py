@@ -415,4 +415,4 @@ class Dashboard(QWidget):
     def profile_events(self, batch: list[dict[str, Any]]) -> None:
         """A profile of the run shown written (asked by the command line too): read it."""
         if any(m.get("kind") == "profile" and m.get("state") == "written" for m in batch):
-            self.profile.set_run(self._run_dir)
+            self.profile.refresh()

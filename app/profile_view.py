@@ -192,6 +192,16 @@ class ProfilePanel(QWidget):
             self.show()
             self.reader.start(folders[-1])
 
+    def refresh(self) -> None:
+        """Read the run's latest profile again: one written meanwhile (asked from a
+        terminal) replaces the one shown. Nothing while this panel takes one itself."""
+        if self.run_dir is None or self.busy_for is not None:
+            return
+        folders = profile_folders(self.run_dir)
+        if folders:
+            self.summary = None
+            self.reader.start(folders[-1])
+
     def set_ended(self, ended: bool) -> None:
         """Whether the run shown has ended (no profile can be taken then; the one shown
         stays)."""

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddp_engine.common.profile_files import MAX_STEPS, SUMMARY_FILE, traces
+from ddp_engine.common.profile_files import MAX_STEPS, SUMMARY_FILE, traces, wait_for_ranks
 from ddp_engine.common.profile_summary import write_summary
 from ddp_engine.common.protocol import Connection, ProtocolError
 from ddp_engine.common.run_dir import FINAL_STATES, read_json
@@ -68,11 +68,15 @@ def follow_profile(conn: Connection, asked: float, timeout_s: float,
         if msg is None:
             break
         if msg.get("kind") in FINAL_STATES:
-            if folder is not None and traces(folder):
-                return write_summary(folder)  # the run ended first; the traces are whole
+            if folder is not None:  # the run ended first: each rank's trace, or its reason
+                wait_for_ranks(folder, _ranks_of(folder), ENDED_WAIT_S)
+                if traces(folder):
+                    return write_summary(folder)
             raise ProfileError(f"the run ended ({msg['kind']}) before the profile "
                                + ("was written" if folder else "started"))
         folder = Path(msg["folder"])
+        if msg.get("state") == "failed":
+            raise ProfileError(f"no rank could be profiled ({msg.get('reason')})")
         if msg.get("state") == "started" and on_started is not None:
             on_started(msg)
         if msg.get("state") == "written":
@@ -80,6 +84,23 @@ def follow_profile(conn: Connection, asked: float, timeout_s: float,
     raise ProfileError(f"the profile was not written within {timeout_s:g} s"
                        + (f" (its folder: {folder})" if folder else
                           " (is the run stalled? a profile starts at the next agreed round)"))
+
+
+ENDED_WAIT_S = 30.0
+"""When the run ended during a profile: how long the other ranks' traces are waited for."""
+
+
+def _ranks_of(folder: Path) -> range:
+    """The ranks a profile folder should hold, as far as its traces say (their world size)."""
+    from ddp_engine.common.profile_trace import load_trace  # only when needed
+
+    for path in traces(folder).values():
+        try:
+            world = int(load_trace(path).get("distributedInfo", {}).get("world_size") or 1)
+        except (ValueError, TypeError, AttributeError):
+            continue
+        return range(world)
+    return range(0)
 
 
 def read_summary(folder: Path) -> dict[str, Any]:

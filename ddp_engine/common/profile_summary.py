@@ -99,7 +99,8 @@ def _rank_parts(t: RankTrace) -> dict[str, Any]:
     main = t.host.get(t.main, [])
     data = _spans_union(main, steps, lambda s: s.name.startswith("enumerate(DataLoader)"))
     opt = _spans_union(main, steps, lambda s: s.name.startswith("Optimizer."))
-    comm = union(clip for _, s in t.execs for clip in intersect([(s.start, s.end)], steps))
+    comm = union(clip for _, s in t.execs if s.cat == "kernel" or not t.on_gpu  # on GPUs the
+                 for clip in intersect([(s.start, s.end)], steps))  # kernels, not gloo's
     if t.on_gpu:
         parts, compute_busy = _gpu_parts(t, steps, data, opt, comm)
     else:
@@ -220,16 +221,16 @@ def _collective_table(ranks: list[RankTrace], calls: dict[tuple[str, str], list[
     rows = []
     n_ranks = len(ranks)
     steps = max(min(len(t.steps) for t in ranks), 1)
+    busy = {t.rank: _compute_busy(t) for t in ranks}  # once per rank
     for (group, kind), matched in sorted(calls.items(), key=lambda kv: kv[0]):
         mine = [c for t in ranks for c in t.calls if (c.group, c.kind) == (group, kind)]
         execs = [c.exec_span for c in mine if c.exec_span is not None]
         time_us = sum(b - a for a, b in execs)
         exposed_us = 0.0
         for t in ranks:
-            busy = _compute_busy(t)
             spans = union(c.exec_span for c in t.calls if (c.group, c.kind) == (group, kind)
                           and c.exec_span is not None)
-            exposed_us += length(subtract(spans, busy))
+            exposed_us += length(subtract(spans, busy[t.rank]))
         sizes = [c.nbytes for c in mine if c.nbytes]
         skews = [_skew(row)[1] for row in matched]
         lasts = Counter(_skew(row)[0] for row in matched)

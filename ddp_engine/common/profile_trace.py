@@ -17,6 +17,8 @@ documented event names):
 
 from __future__ import annotations
 
+import bisect
+import functools
 import gzip
 import json
 import re
@@ -70,6 +72,7 @@ def short_name(name: str, most: int = 90) -> str:
     return name if len(name) <= most else name[:most - 3] + "..."
 
 
+@functools.lru_cache(maxsize=8192)  # a trace repeats a few hundred names thousands of times
 def collective_kind(name: str) -> str | None:
     """all_reduce, all_gather, ... for a collective's host op, gloo span or NCCL kernel name;
     None for anything else."""
@@ -165,7 +168,8 @@ def read_rank(path: Path, rank: int) -> RankTrace:
     gpu: list[Span] = []
     base = float(data.get("baseTimeNanoseconds") or 0) / 1e3  # ts counts from it: the ranks'
     for e in data["traceEvents"]:  # bases may differ (processes started apart, other hosts)
-        if e.get("ph") != "X" or not isinstance(e.get("ts"), (int, float)):
+        if not isinstance(e, dict) or e.get("ph") != "X" \
+                or not isinstance(e.get("ts"), (int, float)):
             continue
         start = base + float(e["ts"])
         span = Span(str(e.get("name", "")), start, start + float(e.get("dur", 0.0)),
@@ -277,20 +281,25 @@ BEFORE_WINDOW = 400
 
 def _before(spans: list[Span], i: int) -> str | None:
     """The outermost operator that ended last before ``spans[i]`` started on its thread (not a
-    step marker, not a collective): what this rank was doing just before it called it."""
+    step marker, not a collective nor what calling one takes): what this rank was doing just
+    before it called it. Looks at the :data:`BEFORE_WINDOW` spans before it (linear)."""
     start = spans[i].start
-    spans = spans[max(0, i - BEFORE_WINDOW):i]  # a long trace: only what came shortly before
-    plumbing = [(s.start, s.end) for s in spans if s.name.startswith(_COMM_PLUMBING)
-                or collective_kind(s.name) is not None]
-    done = [s for s in spans if s.end <= start and not s.name.startswith("ProfilerStep#")
-            and s.name != "record_param_comms"
-            and not any(a <= s.start and s.end <= b for a, b in plumbing)]
+    window = spans[max(0, i - BEFORE_WINDOW):i]
+    plumbing = union((s.start, s.end) for s in window if s.name.startswith(_COMM_PLUMBING)
+                     or collective_kind(s.name) is not None)
+    starts = [a for a, _ in plumbing]
+
+    def inside_plumbing(s: Span) -> bool:
+        k = bisect.bisect_right(starts, s.start) - 1
+        return k >= 0 and s.end <= plumbing[k][1]
+
+    done = [s for s in window if s.end <= start and not s.name.startswith("ProfilerStep#")
+            and s.name != "record_param_comms" and not inside_plumbing(s)]
     if not done:
         return None
     latest = max(done, key=lambda s: s.end)
-    outer = min((s for s in done if s.start <= latest.start and s.end >= latest.end),
-                key=lambda s: s.start)
-    return outer.name
+    return min((s for s in done if s.start <= latest.start and s.end >= latest.end),
+               key=lambda s: s.start).name
 
 
 def _match_execs(t: RankTrace) -> None:

@@ -49,8 +49,8 @@ def run_profile(ns: argparse.Namespace) -> int:
         return _bad("RUN_DIR: the run folder of a live run is needed (or --read FOLDER)")
     try:
         check_steps(ns.steps)
-        if ns.timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {ns.timeout:g}")
+        if not ns.timeout > 0 or ns.timeout == float("inf"):
+            raise ValueError(f"timeout must be a number of seconds > 0, got {ns.timeout:g}")
         check_run_folder(ns.run_dir)
     except (ValueError, NotARunFolder) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -68,8 +68,8 @@ def run_profile(ns: argparse.Namespace) -> int:
             if not ns.wait:
                 return 0
             summary = follow_profile(conn, asked, ns.timeout, on_started=_started)
-    except (ProtocolError, ProfileError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ProtocolError, ProfileError, OSError, ValueError) as e:  # the run went away, or
+        print(f"error: {e}", file=sys.stderr)  # its traces cannot be read
         return 1
     print(summary_text(summary), end="")
     return 0

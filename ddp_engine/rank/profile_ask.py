@@ -85,9 +85,13 @@ def answer(ask: ProfileAsk, run_dir: Path, msg: dict[str, Any]) -> dict[str, Any
     steps = msg.get("steps", DEFAULT_STEPS)
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         return _error(f"steps must be a whole number between 1 and {MAX_STEPS}, got {steps!r}")
-    if ask.recording or ask.pending:
+    if ask.recording:
         return _error("a profile is already being taken; ask again when it is written "
                       f"(under {run_dir / PROFILES_DIR})")
+    if ask.pending:
+        return _error("a profile was asked for already and waits for the ranks' next "
+                      "agreement round (rounds come with the reports; a script whose ranks "
+                      "never call init_process_group has none)")
     asked = ask.ask(steps, shapes=msg.get("shapes") is True, stacks=msg.get("stacks") is True)
     return {"type": "ack", "command": "profile", "id": asked, "steps": steps}
 

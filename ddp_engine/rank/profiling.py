@@ -19,8 +19,10 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -29,8 +31,10 @@ from ddp_engine.common.profile_files import (
     PROFILES_DIR,
     RECORDED_KEY,
     error_file,
+    errors,
     profile_folder_name,
     trace_file,
+    traces,
     wait_for_ranks,
 )
 from ddp_engine.common.profile_summary import write_summary
@@ -67,6 +71,11 @@ class RankProfiler:
         self._last_step = 0
         self._exported = False
         self._dropped = False  # the profile is given up: its trace is not written
+        self._window_end = 0
+        """The step after which the latest agreed profile is over on every rank, whatever
+        became of this rank's profiler: a profile agreed meanwhile starts there everywhere."""
+        self.own = OwnProfilers(self._give_way)
+        """The script's own torch.profiler objects (installed in script runs)."""
         self.summaries: list[threading.Thread] = []
 
     @classmethod
@@ -86,18 +95,25 @@ class RankProfiler:
     def after_step(self, step: int) -> None:
         """After step ``step``'s round on every rank: start an agreed profile, or advance the
         running one (and write it after its last step)."""
-        agreed = self.ask.take() if self._prof is None else None  # else: kept for after
+        # an ask agreed during a profile waits for its end, the same step on every rank
+        agreed = self.ask.take() if step >= self._window_end else None
         try:
-            if self._prof is not None:
-                self._advance(step)
-            elif agreed is not None:
+            if agreed is not None:
+                self._window_end = step + WARMUP_STEPS + agreed.steps
+                self.ask.recording = True
                 self._begin(step, agreed)
+            elif self._prof is not None:
+                self._advance(step)
         except Exception as e:  # noqa: BLE001 - a broken profile never stops training
             self._fail(e)
+        if step >= self._window_end:
+            self.ask.recording = False
 
     def close(self, step: int) -> None:
         """Training ends (completed, stopped): a profile under way is written with the steps
         it recorded; one still warming up is dropped (its folder says why)."""
+        self._window_end = min(self._window_end, step)  # no step comes after this one
+        self.ask.recording = False
         if self._prof is None:
             return
         try:
@@ -118,7 +134,6 @@ class RankProfiler:
             self._fail(e)
         finally:
             self._prof = None
-            self.ask.recording = False
 
     def _begin(self, step: int, agreed: Agreed) -> None:
         self._agreed = agreed
@@ -127,9 +142,9 @@ class RankProfiler:
         self._first = step + WARMUP_STEPS + 1
         self._calls = 0
         self._exported = self._dropped = False
-        if torch._C._autograd._profiler_enabled():  # the script's own profiler is running
-            self._note("a profiler was already running in this process (the script's own?): "
-                       "torch.profiler allows one at a time, so this rank was not profiled")
+        if self.own.live or torch._C._autograd._profiler_enabled():
+            self._note("the script's own torch.profiler was running on this rank: torch "
+                       "allows one profiler at a time, so this rank was not profiled")
             return
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
@@ -139,9 +154,9 @@ class RankProfiler:
                                          repeat=1),
                        on_trace_ready=self._write, record_shapes=agreed.shapes,
                        with_stack=agreed.stacks)
+        setattr(prof, OURS, True)  # not the script's (OwnProfilers)
         prof.start()
         self._prof = prof
-        self.ask.recording = True
         if self.event is not None:
             self.event("profile", state="started", folder=str(self.folder), step=step,
                        first_step=self._first, steps=agreed.steps, id=agreed.asked_at)
@@ -158,7 +173,6 @@ class RankProfiler:
         if self._calls >= WARMUP_STEPS + self._agreed.steps:
             self._prof.stop()
             self._prof = None
-            self.ask.recording = False
 
     def _write(self, prof: profile) -> None:
         """on_trace_ready: this rank's trace, gzipped, under its final name only when whole."""
@@ -180,9 +194,24 @@ class RankProfiler:
         log.warning("profile: %s", why)
         self._written()
 
+    def _give_way(self) -> None:
+        """The script starts a profiler of its own: ours stops first (torch allows one at a
+        time; two crash the process), and this rank's profile is given up, saying why."""
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        try:
+            self._dropped = True
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prof.stop()
+            self._note("the script started its own torch.profiler during this profile: this "
+                       "rank's profile was given up (torch allows one profiler at a time)")
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+
     def _fail(self, e: Exception) -> None:
         prof, self._prof = self._prof, None
-        self.ask.recording = False
         if prof is not None:
             try:
                 with warnings.catch_warnings():
@@ -196,7 +225,10 @@ class RankProfiler:
         except Exception:  # noqa: BLE001 - nothing more to say it with
             log.warning("profile: %s", why)
         if self.event is not None:
-            self.event("warning", cause="profile", message=why)
+            try:
+                self.event("warning", cause="profile", message=why)
+            except Exception:  # noqa: BLE001,S110 - the run's record says it otherwise
+                pass
 
     def _written(self) -> None:
         """Rank 0: read every local rank's trace into summary.json, in a thread (the traces
@@ -210,6 +242,13 @@ class RankProfiler:
         def summarize() -> None:
             try:
                 missing = wait_for_ranks(folder, ranks, SUMMARY_WAIT_S)
+                if not traces(folder):  # every rank said why it has none
+                    if event is not None:
+                        event("profile", state="failed", folder=str(folder), id=asked,
+                              reason="; ".join(f"rank {r}: {w}"
+                                               for r, w in errors(folder).items())
+                              or f"no trace came within {SUMMARY_WAIT_S:g} s")
+                    return
                 started = time.monotonic()
                 summary = write_summary(folder)
                 if event is not None:
@@ -229,3 +268,47 @@ class RankProfiler:
         self.summaries.append(thread)
 
 
+
+
+OURS = "_rankscope_profile"
+"""Set on Rankscope's own torch.profiler objects, which :class:`OwnProfilers` leaves out."""
+
+
+class OwnProfilers:
+    """The script's own ``torch.profiler.profile`` objects, live from ``start()`` (``with``)
+    to ``stop()``, through every phase of their schedule (waiting, warming up, recording):
+    torch allows one profiler at a time, so a profile of ours neither starts while one is
+    live nor keeps running when the script starts one. Installed in script runs."""
+
+    def __init__(self, give_way: Callable[[], None]) -> None:
+        self.live: weakref.WeakSet[profile] = weakref.WeakSet()
+        self._give_way = give_way
+        self._saved: tuple[Any, Any] | None = None
+
+    def install(self) -> None:
+        if self._saved is not None:
+            return
+        start, stop = profile.start, profile.stop
+        owned = self
+
+        def started(prof: profile) -> None:
+            if not getattr(prof, OURS, False):
+                owned.live.add(prof)
+                owned._give_way()
+            start(prof)
+
+        def stopped(prof: profile) -> None:
+            try:
+                stop(prof)
+            finally:
+                owned.live.discard(prof)
+
+        setattr(profile, "start", started)  # noqa: B010 - a patch of torch's class
+        setattr(profile, "stop", stopped)  # noqa: B010
+        self._saved = (start, stop)
+
+    def uninstall(self) -> None:
+        if self._saved is not None:
+            setattr(profile, "start", self._saved[0])  # noqa: B010
+            setattr(profile, "stop", self._saved[1])  # noqa: B010
+            self._saved = None

@@ -129,9 +129,11 @@ class ScriptWatch:
     # ------------------------------------------------------------------------- install
     def install(self) -> None:
         self.patches.install()
+        self.profiler.own.install()  # the script's own profilers, which ours gives way to
 
     def uninstall(self) -> None:
         self.patches.uninstall()
+        self.profiler.own.uninstall()
         self._ddps, self.on_stop_fns = [], []
         self.steps.forget()
         if self.sampler is not None:

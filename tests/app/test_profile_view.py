@@ -191,3 +191,17 @@ def test_a_profile_of_a_live_run_is_taken_and_shown(qtbot, tmp_path: Path) -> No
     assert Path(summary["folder"]).parent == run_dir / PROFILES_DIR
     assert panel.view.ranks.rowCount() == 2 and len(panel.view.bars.bar_rects()) == 2
     assert panel.status.isHidden() and panel.button.isEnabled()
+
+
+def test_a_profile_written_while_shown_replaces_the_one_shown(qtbot, tmp_path: Path) -> None:  # noqa: ANN001
+    """As when a profile asked from a terminal is written (the dashboard calls refresh on its
+    "written" event): the panel reads the newest folder, not only when the run changes."""
+    run = _run_with_profile(tmp_path, "rank-0.json.gz", "rank-1.json.gz")
+    panel = _panel(qtbot)
+    with qtbot.waitSignal(panel.shown, timeout=30_000):
+        panel.set_run(run)
+    newer = run / PROFILES_DIR / "20261207-033500-step90"
+    shutil.copytree(TRACES, newer)
+    with qtbot.waitSignal(panel.shown, timeout=30_000) as shown:
+        panel.refresh()
+    assert shown.args[0]["folder"] == str(newer) and panel.summary == shown.args[0]

@@ -19,7 +19,8 @@ def test_bad_input_names_the_field_and_exits_2(tmp_path: Path) -> None:
         ((str(tmp_path / "nowhere"),), "is not a folder"),
         ((str(tmp_path), "--steps", "0"), "steps must be a whole number between 1 and 50, got 0"),
         ((str(tmp_path), "--steps", "51"), "got 51"),
-        ((str(tmp_path), "--timeout", "0"), "timeout must be > 0 seconds, got 0"),
+        ((str(tmp_path), "--timeout", "0"), "timeout must be a number of seconds > 0, got 0"),
+        ((str(tmp_path), "--timeout", "nan"), "got nan"),
         ((str(tmp_path), "--read", str(tmp_path)), "not both"),
         (("--read", str(tmp_path)), f"--read: no rank's trace in {tmp_path}"),
     ]

@@ -217,8 +217,61 @@ def test_a_script_profiling_itself_keeps_its_profiler_and_this_rank_says_so(one_
             profiler.after_step(step)
     assert any(e.key == "aten::addmm" for e in own.key_averages())  # its profile is whole
     [folder] = profile_folders(profiler.run_dir)
-    assert "a profiler was already running" in (folder / "rank-0.error.txt").read_text()
+    assert "the script's own torch.profiler was running" in \
+        (folder / "rank-0.error.txt").read_text()
     assert not profiler.active
+
+
+@pytest.fixture
+def watching(one_rank):  # noqa: ANN001, ANN201
+    """``one_rank`` with the script's profilers watched, as in a script run."""
+    profiler, said = one_rank
+    profiler.own.install()
+    yield profiler, said
+    profiler.own.uninstall()
+
+
+def test_a_script_profiler_waiting_or_warming_up_is_left_alone(watching) -> None:
+    """The tutorials' scheduled profiler is live from ``start()`` through its waiting and
+    warm-up steps, when torch itself says no profiler is enabled yet: ours does not start."""
+    profiler, _ = watching
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    every = torch.profiler.schedule(wait=1, warmup=2, active=2, repeat=1)
+    with torch.profiler.profile(schedule=every,
+                                on_trace_ready=lambda p: seen.append(p.key_averages())) as own:
+        _agree(profiler, 3)
+        for step in range(1, 8):
+            _training(model, opt)
+            profiler.after_step(step)
+            own.step()  # the script's own: no "Profiler is already enabled"
+    assert seen and any(e.key == "aten::addmm" for e in seen[0])
+    [folder] = profile_folders(profiler.run_dir)
+    assert "the script's own torch.profiler was running" in \
+        (folder / "rank-0.error.txt").read_text()
+
+
+def test_a_script_starting_its_profiler_during_ours_takes_over_without_a_crash(
+        watching) -> None:
+    profiler, _ = watching
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _agree(profiler, 5)
+    for step in range(1, 4):
+        _training(model, opt)
+        profiler.after_step(step)
+    assert profiler.active
+    with torch.profiler.profile() as own:  # two at once would abort the process
+        _training(model, opt)
+    assert not profiler.active and any(e.key == "aten::addmm" for e in own.key_averages())
+    for step in range(4, 12):  # training goes on; ours stays off
+        _training(model, opt)
+        profiler.after_step(step)
+    [folder] = profile_folders(profiler.run_dir)
+    assert not traces(folder)
+    assert "started its own torch.profiler during this profile" in \
+        (folder / "rank-0.error.txt").read_text()
 
 
 def test_asks_are_checked_and_one_at_a_time(one_rank) -> None:
@@ -229,6 +282,11 @@ def test_asks_are_checked_and_one_at_a_time(one_rank) -> None:
         assert reply["message"] == f"steps must be a whole number between 1 and 50, got {bad!r}"
     assert answer(profiler.ask, profiler.run_dir, {"type": "profile", "steps": 2})["type"] \
         == "ack"
+    again = answer(profiler.ask, profiler.run_dir, {"type": "profile"})
+    assert again["type"] == "error" and "waits for the ranks' next agreement round" \
+        in again["message"]
+    profiler.ask.read([list(profiler.ask.row())])
+    profiler.after_step(1)
     again = answer(profiler.ask, profiler.run_dir, {"type": "profile"})
     assert again["type"] == "error" and "already being taken" in again["message"]
 

@@ -35,12 +35,21 @@ _NOT_PORTABLE = (*NODE_FIELDS, "run_dir", "dry_run")
 
 
 def rendezvous_args(cfg: RunConfig) -> list[str]:
-    """torchrun's node arguments: c10d rendezvous for a multi-node config, else standalone."""
+    """torchrun's node arguments: c10d rendezvous for a multi-node config, else standalone.
+
+    Node 0 hosts the rendezvous store, said outright (``--rdzv-conf is_host=1``, 0 on the
+    others): left to itself torchrun makes a node the host only when the endpoint matches its
+    host name or one of the addresses that name resolves to, so an endpoint on a second network
+    (InfiniBand, a cluster network, a private address) has no host and every node fails to
+    connect (issue 32). The nodes wait for each other ``dist_timeout_s`` (join_timeout), as
+    long as a collective waits for a dead peer, not torchrun's 600 s."""
     if not cfg.multi_node:
         return ["--standalone", "--nnodes", "1"]
     assert cfg.rdzv_endpoint is not None  # RunConfig.validate requires it
     return ["--nnodes", str(cfg.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
             cfg.rdzv_endpoint, "--rdzv-id", cfg.rendezvous_id(),
+            "--rdzv-conf", f"is_host={1 if cfg.node_rank == 0 else 0},"
+            f"join_timeout={max(1, round(cfg.dist_timeout_s))}",
             *(["--local-addr", cfg.local_addr.strip()] if cfg.local_addr else [])]
 
 

@@ -36,6 +36,7 @@ from ddp_engine.common.lifeline import named_signal
 from ddp_engine.common.processes import terminate_then_kill
 from ddp_engine.common.protocol import MONITOR_FILE
 from ddp_engine.common.reasons import error_reason, one_line
+from ddp_engine.common.rendezvous import rendezvous_reason
 from ddp_engine.common.run_dir import (
     CONFIG_FILE,
     atomic_write_json,
@@ -211,7 +212,8 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         final = {"state": "stopped", "stop_signal": e.sigval.name}
         code = EXIT_OK
     except Exception as e:  # rendezvous or agent failure
-        final = {"state": "failed", "reason": "launcher: " + one_line(f"{type(e).__name__}: {e}")}
+        final = {"state": "failed", "reason": rendezvous_reason(e, plan.cfg)
+                 or "launcher: " + one_line(f"{type(e).__name__}: {e}")}
     finally:
         signals.phase = "done"
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # torchrun's handler for it would raise

@@ -20,6 +20,7 @@ from ddp_engine.common.machine_checks import (
     check_steps_left,
     resolved_device,
 )
+from ddp_engine.common.rendezvous import check_host_endpoint
 from ddp_engine.common.run_dir import (
     CONFIG_FILE,
     new_run_dir,
@@ -84,6 +85,7 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
     # named for the node.
     node = f"node-{cfg.node_rank}" if cfg.node_rank else ""
     if create_run_dir:
+        check_host_endpoint(cfg)  # node 0 hosts the rendezvous: its address, a free port
         field, where = ("run_dir", cfg.run_dir) if cfg.run_dir else ("runs_dir", cfg.runs_dir)
         try:
             run_dir = prepare_run_dir(

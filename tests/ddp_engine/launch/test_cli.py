@@ -76,13 +76,17 @@ def test_dry_run_of_node_1_meets_node_0_by_c10d_and_keeps_its_own_folder(
     first = proc.stdout.split("\n", 1)[0]
     assert "RANKSCOPE_NODE_RANK=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 torchrun --nnodes 2 " \
         "--rdzv-backend c10d --rdzv-endpoint node0.example.org:29400 --rdzv-id " \
-        "rankscope-mlp-synthetic --nproc-per-node 2" in first
+        "rankscope-mlp-synthetic --rdzv-conf is_host=0,join_timeout=120 --nproc-per-node 2" in first
     assert "--standalone" not in first and "--local-addr" not in first
     addr = run_engine("launch", "--nproc", "2", "--nnodes", "2", "--node-rank", "1",
                       "--rdzv-endpoint", "node0:29400", "--local-addr", "10.0.0.2", "--dry-run",
                       timeout=60)
-    assert "--rdzv-id rankscope-mlp-synthetic --local-addr 10.0.0.2 --nproc-per-node 2" in \
-        addr.stdout.split("\n", 1)[0]
+    assert "--rdzv-id rankscope-mlp-synthetic --rdzv-conf is_host=0,join_timeout=120 " \
+        "--local-addr 10.0.0.2 --nproc-per-node 2" in addr.stdout.split("\n", 1)[0]
+    host = run_engine("launch", "--nproc", "2", "--nnodes", "2", "--node-rank", "0",
+                      "--rdzv-endpoint", "10.251.7.1:29400", "--dry-run", timeout=60)
+    assert "--rdzv-conf is_host=1," in host.stdout.split("\n", 1)[0]  # node 0 hosts the
+    # store whatever its host name resolves to
     assert f"--config {tmp_path / 'run' / 'node-1' / 'config.json'}" in first
     assert not (tmp_path / "run").exists()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ PORT = 29400
 """The rendezvous port on node0's address (each namespace has its own ports)."""
 
 
-def _launch(host: Host, node: int, run_dir: Path, log: Path, *extra: str,
+def launch_on(host: Host, node: int, run_dir: Path, log: Path, *extra: str,
             ) -> subprocess.Popen[bytes]:
     return host.popen([sys.executable, "-m", "ddp_engine", "launch", "--device", "cpu",
                        "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
@@ -33,7 +32,7 @@ def _launch(host: Host, node: int, run_dir: Path, log: Path, *extra: str,
                       log, engine_env())
 
 
-def _logs(tmp_path: Path) -> str:
+def logs(tmp_path: Path) -> str:
     return "\n".join(f"--- node {k}\n" + (tmp_path / f"node-{k}.log").read_text()
                      for k in (0, 1) if (tmp_path / f"node-{k}.log").exists())
 
@@ -43,14 +42,14 @@ def test_two_hosts_train_as_one_run_with_node_0_hosting_the_rendezvous(tmp_path:
     the rendezvous store and both would fail to connect; the launcher says node 0 hosts it."""
     run_dir = tmp_path / "run"
     with two_hosts() as hosts:
-        procs = [_launch(h, k, run_dir, tmp_path / f"node-{k}.log", "--max-steps", "30")
+        procs = [launch_on(h, k, run_dir, tmp_path / f"node-{k}.log", "--max-steps", "30")
                  for k, h in enumerate(hosts)]
         try:
             codes = [p.wait(timeout=240) for p in procs]
         finally:
             for p in procs:
                 p.kill()
-        assert codes == [0, 0], _logs(tmp_path)
+        assert codes == [0, 0], logs(tmp_path)
         assert [h.pids() for h in hosts] == [[], []]  # nothing left in either host
     node1 = run_dir / "node-1"
     assert read_status(run_dir)["state"] == read_status(node1)["state"] == "completed"
@@ -69,19 +68,19 @@ def test_sigterm_to_node_1s_launcher_stops_both_hosts_at_one_step(tmp_path: Path
     the same step, rank 0 (on node 0) saves, and nothing is left in either host."""
     run_dir = tmp_path / "run"
     with two_hosts() as hosts:
-        procs = [_launch(h, k, run_dir, tmp_path / f"node-{k}.log", "--max-steps", "1000000")
+        procs = [launch_on(h, k, run_dir, tmp_path / f"node-{k}.log", "--max-steps", "1000000")
                  for k, h in enumerate(hosts)]
         try:
             wait_for(lambda: len(metrics(run_dir)) >= 2 or any(p.poll() is not None
                                                                  for p in procs),
                      180, "both hosts to train")
-            assert all(p.poll() is None for p in procs), _logs(tmp_path)
+            assert all(p.poll() is None for p in procs), logs(tmp_path)
             procs[1].send_signal(signal.SIGTERM)
             codes = [p.wait(timeout=120) for p in procs]
         finally:
             for p in procs:
                 p.kill()
-        assert codes == [0, 0], _logs(tmp_path)
+        assert codes == [0, 0], logs(tmp_path)
         assert [h.pids() for h in hosts] == [[], []]
     ranks = {**read_rank_files(run_dir), **read_rank_files(run_dir / "node-1")}
     assert {d["state"] for d in ranks.values()} == {"stopped"}
@@ -90,29 +89,6 @@ def test_sigterm_to_node_1s_launcher_stops_both_hosts_at_one_step(tmp_path: Path
     for folder in (run_dir, run_dir / "node-1"):
         assert read_status(folder)["state"] == "stopped"
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
-
-
-def test_a_node_that_never_arrives_fails_node_0_naming_it(tmp_path: Path) -> None:
-    """Node 1 never started: node 0 waits --dist-timeout-s for it at the rendezvous, then
-    fails saying which node did not join and what to check; nothing is left."""
-    run_dir = tmp_path / "run"
-    with two_hosts() as hosts:
-        started = time.monotonic()
-        proc = _launch(hosts[0], 0, run_dir, tmp_path / "node-0.log", "--max-steps", "30",
-                       "--dist-timeout-s", "10")
-        try:
-            code = proc.wait(timeout=120)
-        finally:
-            proc.kill()
-        took = time.monotonic() - started
-        assert code == 1, _logs(tmp_path)
-        assert hosts[0].pids() == []
-    status = read_status(run_dir)
-    assert status["state"] == "failed"
-    assert status["reason"].startswith(
-        f"rendezvous: node 1 did not join within 10 s (--dist-timeout-s) at "
-        f"{ADDRESSES[0]}:{PORT}: check that it was started with --nnodes 2"), status
-    assert 10 <= took < 60, took
 
 
 def test_node_0_given_an_address_it_does_not_have_is_told_before_starting(

@@ -140,16 +140,6 @@ def _gpu_count() -> int:
 _EXIT_STATUS: list[int] = []
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with real runs (a test marked slow) first, each module's tests kept together
-    and in order: the test workers then end on short tests, not on a long run begun last."""
-    slow = {item.module.__name__ for item in items
-            if item.get_closest_marker("slow") is not None and getattr(item, "module", None)}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (getattr(getattr(item, "module", None), "__name__", "")
-                                 not in slow, order[id(item)]))
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Safety net: a run that a failed test left behind (runs outlive their window by design)
     is ended, so it cannot slow the rest of CI. Tests assert no leftovers themselves."""

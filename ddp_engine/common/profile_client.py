@@ -15,7 +15,8 @@ from typing import Any
 
 from ddp_engine.common.profile_files import MAX_STEPS, SUMMARY_FILE, traces, wait_for_ranks
 from ddp_engine.common.profile_summary import write_summary
-from ddp_engine.common.protocol import Connection, ProtocolError
+from ddp_engine.common.profile_trace import load_trace
+from ddp_engine.common.protocol import Connection
 from ddp_engine.common.run_dir import FINAL_STATES, read_json
 
 
@@ -92,8 +93,6 @@ ENDED_WAIT_S = 30.0
 
 def _ranks_of(folder: Path) -> range:
     """The ranks a profile folder should hold, as far as its traces say (their world size)."""
-    from ddp_engine.common.profile_trace import load_trace  # only when needed
-
     for path in traces(folder).values():
         try:
             world = int(load_trace(path).get("distributedInfo", {}).get("world_size") or 1)
@@ -121,6 +120,3 @@ def _wait(conn: Connection, wanted: Any, timeout_s: float) -> dict[str, Any] | N
                 return msg
     return None
 
-
-__all__ = ["ProfileError", "ProtocolError", "ask_profile", "check_steps", "follow_profile",
-           "read_summary"]

@@ -51,9 +51,13 @@ class RemoteAttachDialog(QDialog):
             field.setMinimumWidth(field.fontMetrics().horizontalAdvance(
                 field.placeholderText()) + 24)
         self.error = error_label("remote_error")
-        hint = QLabel("Forward rank 0's telemetry port first, e.g. "
-                      "<code>ssh -L 29600:127.0.0.1:29600 node0</code> for a run started "
-                      "with <code>--monitor-port 29600</code>.")
+        hint = QLabel("Forward rank 0's telemetry port first. A run started with<br>"
+                      "&nbsp;&nbsp;<code>--monitor-port 29600</code><br>is forwarded by<br>"
+                      "&nbsp;&nbsp;<code>ssh -L 29600:127.0.0.1:29600 node0</code><br>"
+                      "then give Host 127.0.0.1.<br><br>"
+                      "On a network you trust, start the run with<br>&nbsp;&nbsp;"
+                      "<code>--monitor-host 0.0.0.0</code> (or node 0's address)<br>"
+                      "and give node 0's address as Host.")
         hint.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel)

@@ -118,7 +118,9 @@ def remote_refusal(host: str, port: int, token: str, timeout_s: float) -> tuple[
         Connection.to(host, port, token, timeout_s=timeout_s).close()
     except (ProtocolError, OSError) as e:
         return str(e), (f"Rank 0 at {host}:{port} did not take this window:\n\n{e}\n\n"
-                        "Check that the port is forwarded (ssh -L) and that the token is the "
+                        "Check that the port is forwarded (ssh -L), or that the run was "
+                        "started with --monitor-host (an address reachable from here), and "
+                        "that the token is the "
                         "one in RUN_DIR/monitor.json on rank 0's machine. The run you were "
                         "watching is still shown.")
     return None

@@ -1,6 +1,7 @@
 """The screenshots in docs/screenshots/: the real window under Xvfb, at 1000x700 and 1600x1000,
-in each state a user meets: the first window, a live run, a stopped run, a failed run, a
-user's own script, Compare and a scaling sweep. The runs shown are real (2 CPU processes).
+in each state a user meets: the first window, the remote attach dialog, a live run, a stopped
+run, a failed run, a user's own script, Compare and a scaling sweep. The runs shown are real
+(2 CPU processes).
 
     .venv/bin/python docs/make_screenshots.py [OUT_DIR]     (what `make screenshot` runs)
 
@@ -110,6 +111,13 @@ def shoot(out: Path, runs: Path, found: dict[str, Path], width: int, height: int
     empty.mkdir(exist_ok=True)
     w = window(empty, f"first-{width}")
     grab("first-window")
+    from app import remote_attach
+
+    dialog = remote_attach.show_dialog(w)  # Attach to remote rank 0: how to reach it
+    dialog.host.setText("10.0.0.1")
+    dialog.port.setText("29600")
+    grab("remote-attach")
+    dialog.reject()
     w.close()
 
     w = window(runs, f"main-{width}")

@@ -44,10 +44,10 @@ from ddp_engine.common.config_values import (
     check_at_least,
     check_choice,
     check_field_types,
+    check_network,
     check_positive,
     join_ints,
     split_dataset,
-    split_endpoint,
 )
 
 
@@ -167,9 +167,12 @@ class RunConfig:
     sync_timing: str = _f("sync timing from reducer (DDP's own timers, sampled) "
                           "or hook (a comm hook, every step)", "reducer")
     """rank/reducer_timing.py, or rank/sync_timing.py's hook (also a torch's without timers)."""
-    monitor_port: int = _f("TCP port of rank 0's telemetry server on 127.0.0.1 (0: a free one)",
-                           0)
+    monitor_port: int = _f("TCP port of rank 0's telemetry server (0: a free one)", 0)
     """Port of the live telemetry server."""
+    monitor_host: str = _f("address rank 0's telemetry server listens on: 127.0.0.1 (this "
+                           "machine only), an address of node 0's, or 0.0.0.0 (all of them); "
+                           "other machines attach to it with the run's token", "127.0.0.1")
+    """Bind address of the live telemetry server (rank 0 is on node 0)."""
     monitor_buffer_bytes: int = _f("bytes a viewer may fall behind before it is dropped",
                                    8 * 1024 * 1024)
     """Bound of each viewer's send buffer."""
@@ -196,8 +199,9 @@ class RunConfig:
                              "name>)")
     """torchrun's --rdzv-id: nodes with the same id and endpoint form one run."""
     local_addr: str | None = _f("this node's address as the other nodes reach it (torchrun's "
-                                "--local-addr; default: its host name). With several network "
-                                "interfaces also set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME")
+                                "--local-addr; default: its host name); gloo and NCCL use the "
+                                "interface holding it unless GLOO_SOCKET_IFNAME / "
+                                "NCCL_SOCKET_IFNAME are set")
     """Node 0's is where the ranks' store is: it must be reachable from every node."""
 
     run_dir: str | None = _f("write this run into exactly this folder")
@@ -289,26 +293,7 @@ class RunConfig:
         check_at_least("num_workers", self.num_workers, 0)
         check_at_least("shutdown_timeout_s", self.shutdown_timeout_s, 1)
         check_at_least("monitor_buffer_bytes", self.monitor_buffer_bytes, 1024)
-        check_at_least("nnodes", self.nnodes, 1)
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ConfigError(f"node_rank must be between 0 and nnodes - 1 "
-                              f"({self.nnodes - 1}), got {self.node_rank}")
-        if self.rdzv_endpoint is not None:
-            split_endpoint("rdzv_endpoint", self.rdzv_endpoint)
-        elif self.nnodes > 1:
-            raise ConfigError(f"rdzv_endpoint: nnodes is {self.nnodes}, so every node needs "
-                              "the rendezvous address, HOST:PORT (node 0's host and a free "
-                              "port, e.g. node0.example.org:29400)")
-        if self.local_addr is not None and (not self.local_addr.strip() or any(
-                c.isspace() for c in self.local_addr.strip())):
-            raise ConfigError(f"local_addr must be a host name or IP address, got "
-                              f"{self.local_addr!r}")
-        if self.rdzv_id is not None and not NAME_RE.match(self.rdzv_id):
-            raise ConfigError(f"rdzv_id: {self.rdzv_id!r} is not allowed; use 1-64 letters, "
-                              "digits, '.', '_' or '-', starting with a letter or digit")
-        if not 0 <= self.monitor_port <= 65535:
-            raise ConfigError(f"monitor_port must be between 0 and 65535, got "
-                              f"{self.monitor_port}")
+        check_network(self)
         check_positive("lr", self.lr)
         check_positive("dist_timeout_s", self.dist_timeout_s)
         if self.grad_clip is not None:

@@ -72,6 +72,38 @@ def split_endpoint(name: str, value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def check_host(name: str, value: str | None) -> None:
+    """A host name or IP address: not empty, no spaces (None: unset)."""
+    if value is not None and (not value.strip() or any(c.isspace() for c in value.strip())):
+        raise ConfigError(f"{name} must be a host name or IP address, got {value!r}")
+
+
+def check_network(cfg: Any) -> None:
+    """A RunConfig's nodes, rendezvous and telemetry server address.
+
+    Raises:
+        ConfigError: naming the field, the value and what is allowed.
+    """
+    check_at_least("nnodes", cfg.nnodes, 1)
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise ConfigError(f"node_rank must be between 0 and nnodes - 1 "
+                          f"({cfg.nnodes - 1}), got {cfg.node_rank}")
+    if cfg.rdzv_endpoint is not None:
+        split_endpoint("rdzv_endpoint", cfg.rdzv_endpoint)
+    elif cfg.nnodes > 1:
+        raise ConfigError(f"rdzv_endpoint: nnodes is {cfg.nnodes}, so every node needs "
+                          "the rendezvous address, HOST:PORT (node 0's host and a free "
+                          "port, e.g. node0.example.org:29400)")
+    check_host("local_addr", cfg.local_addr)
+    check_host("monitor_host", cfg.monitor_host)
+    cfg.monitor_host = cfg.monitor_host.strip()
+    if cfg.rdzv_id is not None and not NAME_RE.match(cfg.rdzv_id):
+        raise ConfigError(f"rdzv_id: {cfg.rdzv_id!r} is not allowed; use 1-64 letters, "
+                          "digits, '.', '_' or '-', starting with a letter or digit")
+    if not 0 <= cfg.monitor_port <= 65535:
+        raise ConfigError(f"monitor_port must be between 0 and 65535, got {cfg.monitor_port}")
+
+
 def split_dataset(spec: str) -> tuple[str, str]:
     """Classify a dataset spec: ``("synthetic", "")``, ``("text", PATH)``, ``("plugin", spec)``."""
     for kind in PATH_DATASETS:

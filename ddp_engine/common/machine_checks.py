@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
-import socket
 import zipfile
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from ddp_engine.common.config_values import (
     split_plugin,
 )
 from ddp_engine.common.inventory import GpuInventory
+from ddp_engine.common.rendezvous import check_monitor_address
 from ddp_engine.common.run_dir import read_status
 
 
@@ -77,8 +77,7 @@ def check_environment(cfg: RunConfig, *, cpu_count: int, gpu_count: int | None =
         raise ConfigError(f"run_dir: {cfg.run_dir!r} is a file, not a folder")
     if Path(cfg.runs_dir).exists() and not Path(cfg.runs_dir).is_dir():
         raise ConfigError(f"runs_dir: {cfg.runs_dir!r} is a file, not a folder")
-    if cfg.telemetry and cfg.monitor_port and cfg.node_rank == 0:  # rank 0 serves, on node 0
-        check_port_free("monitor_port", cfg.monitor_port)
+    check_monitor_address(cfg)  # rank 0 serves, on node 0
 
 
 def check_script(script: str, cwd: str | None = None) -> None:
@@ -109,17 +108,6 @@ def check_script(script: str, cwd: str | None = None) -> None:
         raise ConfigError(f"script_cwd: {cwd!r} is not a folder; give the folder the script "
                           "should run in (relative paths in its arguments start there), or "
                           "leave it unset for the folder you launch from")
-
-
-def check_port_free(field_name: str, port: int) -> None:
-    """Raise ConfigError if nothing can listen on 127.0.0.1:``port`` now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as e:
-            raise ConfigError(f"{field_name}: port {port} on 127.0.0.1 is not free "
-                              f"({e.strerror or e}); choose another, or 0 for a free one") \
-                from None
 
 
 def check_devices(cfg: RunConfig, gpus: GpuInventory, cpu_count: int) -> None:

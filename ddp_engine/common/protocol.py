@@ -42,7 +42,8 @@ def hello(token: str) -> dict[str, Any]:
 
 
 def read_monitor_file(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """RUN_DIR/monitor.json: {"host", "port", "token", "pid"}.
+    """RUN_DIR/monitor.json: {"host", "listen", "port", "token", "pid"} ("listen": the
+    address the server is bound to, "host" where to connect from its machine).
 
     Raises:
         ProtocolError: missing or unreadable (the run has not started serving, or never did).
@@ -50,8 +51,8 @@ def read_monitor_file(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(run_dir) / MONITOR_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return {"host": str(data["host"]), "port": int(data["port"]),
-                "token": str(data["token"]), "pid": int(data["pid"])}
+        return {"host": str(data["host"]), "listen": str(data.get("listen", data["host"])),
+                "port": int(data["port"]), "token": str(data["token"]), "pid": int(data["pid"])}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ProtocolError(f"no live telemetry for {run_dir}: {path} is missing or unreadable "
                             f"({type(e).__name__})") from None

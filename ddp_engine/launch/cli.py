@@ -178,10 +178,15 @@ def cmd_status(ns: argparse.Namespace) -> int:
         with contextlib.suppress(ProtocolError):
             live = read_monitor_file(ns.run_dir)
             host = data.get("hostname") or "THIS-HOST"
-            print(f"telemetry: {live['host']}:{live['port']}  token: {live['token']}\n"
-                  f"  from another machine: ssh -N -L {live['port']}:127.0.0.1:{live['port']} "
-                  f"{host}, then in the app: Attach to remote rank 0, 127.0.0.1, "
-                  f"{live['port']}, the token")
+            listen, port = live.get("listen", live["host"]), live["port"]
+            print(f"telemetry: {live['host']}:{port}  token: {live['token']}")
+            if listen in ("127.0.0.1", "::1", "localhost"):
+                print(f"  from another machine: ssh -N -L {port}:127.0.0.1:{port} {host}, then "
+                      f"in the app: Attach to remote rank 0, 127.0.0.1, {port}, the token")
+            else:  # --monitor-host: reached directly
+                where = host if listen in ("0.0.0.0", "::") else listen
+                print(f"  from another machine: in the app, Attach to remote rank 0, {where}, "
+                      f"{port}, the token")
     return 0
 
 

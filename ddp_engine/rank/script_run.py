@@ -15,7 +15,6 @@ import logging
 import os
 import runpy
 import sys
-from functools import partial
 from pathlib import Path
 
 import rankscope
@@ -24,11 +23,10 @@ from ddp_engine.common.heartbeat import Heartbeat
 from ddp_engine.common.run_dir import prepare_run_dir
 from ddp_engine.common.stack_dumps import arm_stack_dumps
 from ddp_engine.rank.distributed import DistInfo, StopFlag
-from ddp_engine.rank.profile_ask import answer
 from ddp_engine.rank.rank_life import RunFailed, close_rank, record_failure, write_rank_state
 from ddp_engine.rank.script_stop import ScriptStopped, publish_finals
 from ddp_engine.rank.script_watch import ScriptWatch
-from ddp_engine.rank.telemetry import Telemetry
+from ddp_engine.rank.telemetry import Telemetry, rank0_telemetry
 
 log = logging.getLogger("ddp_engine.rank.script_run")
 
@@ -52,12 +50,7 @@ def run_script(cfg: RunConfig, stop: StopFlag) -> int:
     step: dict[str, int] = {}
     try:
         if info.rank == 0:
-            telemetry = Telemetry(
-                run_dir, welcome_extra={"world_size": info.world_size, "config": cfg.to_dict()},
-                on_stop=stop.request,
-                commands={"profile": partial(answer, stop.profile, run_dir)},
-                port=cfg.monitor_port if cfg.telemetry else None,
-                buffer_bytes=cfg.monitor_buffer_bytes)
+            telemetry = rank0_telemetry(cfg, run_dir, info.world_size, stop)
         write_rank_state(run_dir, info, "cpu", "running")
         heartbeat = Heartbeat(run_dir, info.rank)
         heartbeat.start()

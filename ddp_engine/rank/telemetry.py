@@ -17,8 +17,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddp_engine.common.protocol import (
     MAX_LINE_BYTES,
@@ -29,6 +30,11 @@ from ddp_engine.common.protocol import (
 )
 from ddp_engine.common.run_dir import atomic_write_json
 from ddp_engine.rank.metrics_file import MetricsWriter, finite
+from ddp_engine.rank.profile_ask import answer
+
+if TYPE_CHECKING:
+    from ddp_engine.common.config import RunConfig
+    from ddp_engine.rank.distributed import StopFlag
 
 log = logging.getLogger("ddp_engine.rank.telemetry")
 
@@ -61,12 +67,15 @@ class Telemetry:
         commands: other commands by message type (``profile``), each called from the server
             thread with the message and returning the reply; given here, they are answered
             from the first connection on.
-        port: TCP port on 127.0.0.1; 0 picks a free one. None: no server (file only).
+        port: TCP port; 0 picks a free one. None: no server (file only).
+        host: the address to listen on (``monitor_host``): 127.0.0.1, an address of this
+            machine, or 0.0.0.0 for all of them. Every viewer needs the token.
         buffer_bytes: how far a viewer may fall behind the live stream before it is dropped.
     """
 
     def __init__(self, run_dir: Path, *, welcome_extra: dict[str, Any],
                  on_stop: Callable[[str], None], port: int | None = 0,
+                 host: str = "127.0.0.1",
                  commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
                  buffer_bytes: int = 8 * 1024 * 1024, history: int = DEFAULT_HISTORY) -> None:
         self.run_dir = run_dir
@@ -98,27 +107,31 @@ class Telemetry:
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._listener: socket.socket | None = None
         if port is not None:
-            self._listen(port)
+            self._listen(host, port)
         self._thread = threading.Thread(target=self._serve, name="rankscope-telemetry",
                                         daemon=True)
         self._thread.start()
 
-    def _listen(self, port: int) -> None:
+    def _listen(self, host: str, port: int) -> None:
         try:
-            listener = socket.create_server(("127.0.0.1", port))
+            listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                                            else socket.AF_INET)
         except OSError as e:  # taken between the launcher's check and now
             self._sel.close()
             self._wake_r.close()
             self._wake_w.close()
             self._writer.close()
-            raise OSError(e.errno, f"monitor_port: port {port} on 127.0.0.1 is not free "
+            raise OSError(e.errno, f"monitor_port: port {port} on {host} is not free "
                           f"({e.strerror}); choose another, or 0 for a free one") from None
         listener.setblocking(False)
         self._sel.register(listener, selectors.EVENT_READ, "listen")
         self._listener = listener
         self.port = listener.getsockname()[1]
+        # "host" is where a viewer on this machine connects; "listen", what other machines
+        # may reach (127.0.0.1: none of them).
         atomic_write_json(self.run_dir / MONITOR_FILE, {
-            "host": "127.0.0.1", "port": self.port, "token": self.token, "pid": os.getpid(),
+            "host": "127.0.0.1" if host in ("0.0.0.0", "::", "") else host,
+            "listen": host, "port": self.port, "token": self.token, "pid": os.getpid(),
             "hostname": socket.gethostname(), "started": time.time()})
         os.chmod(self.run_dir / MONITOR_FILE, 0o600)
 
@@ -417,3 +430,14 @@ def stop_reason(msg: dict[str, Any]) -> str:
     if isinstance(by, str) and by.strip() and by.isprintable() and len(by) <= 200:
         return f"stop command from {by.strip()}"
     return "stop command from a viewer"
+
+
+def rank0_telemetry(cfg: RunConfig, run_dir: Path, world_size: int, stop: StopFlag,
+                    ) -> Telemetry:
+    """Rank 0's metrics file and live server for a run (built-in or script): a viewer's stop
+    is the agreed stop, a profile ask is answered from the first connection on."""
+    return Telemetry(run_dir, welcome_extra={"world_size": world_size, "config": cfg.to_dict()},
+                     on_stop=stop.request,
+                     commands={"profile": partial(answer, stop.profile, run_dir)},
+                     port=cfg.monitor_port if cfg.telemetry else None,
+                     host=cfg.monitor_host, buffer_bytes=cfg.monitor_buffer_bytes)

@@ -12,7 +12,6 @@ arm_parent_death()  # first, before the slow imports: a launcher that dies now t
 import argparse
 import logging
 import sys
-from functools import partial
 from pathlib import Path
 
 import torch.distributed as dist
@@ -28,7 +27,6 @@ from ddp_engine.rank.distributed import (
     StopFlag,
     init_distributed,
 )
-from ddp_engine.rank.profile_ask import answer
 from ddp_engine.rank.rank_life import (
     RunFailed,
     close_rank,
@@ -36,7 +34,7 @@ from ddp_engine.rank.rank_life import (
     setup_logging,
     write_rank_state,
 )
-from ddp_engine.rank.telemetry import Telemetry
+from ddp_engine.rank.telemetry import Telemetry, rank0_telemetry
 
 log = logging.getLogger("ddp_engine.rank.worker")
 
@@ -84,13 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("rank %d/%d on %s (backend %s), run folder %s", ctx.info.rank,
                  ctx.info.world_size, ctx.device, ctx.backend, run_dir)
         if ctx.info.rank == 0:
-            telemetry = Telemetry(
-                run_dir, welcome_extra={"world_size": ctx.info.world_size,
-                                        "config": cfg.to_dict()},
-                on_stop=stop.request,
-                commands={"profile": partial(answer, stop.profile, run_dir)},
-                port=cfg.monitor_port if cfg.telemetry else None,
-                buffer_bytes=cfg.monitor_buffer_bytes)
+            telemetry = rank0_telemetry(cfg, run_dir, ctx.info.world_size, stop)
         write_rank_state(run_dir, ctx.info, ctx.device, "running")
         heartbeat = Heartbeat(run_dir, ctx.info.rank)
         heartbeat.start()

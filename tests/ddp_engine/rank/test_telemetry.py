@@ -39,6 +39,22 @@ def test_monitor_file_is_private_and_names_the_server(server: Telemetry, tmp_pat
     info = json.loads(path.read_text())
     assert info["host"] == "127.0.0.1" and info["port"] == server.port
     assert info["pid"] == os.getpid() and len(info["token"]) >= 32
+    assert info["listen"] == "127.0.0.1"  # this machine only, by default
+
+
+def test_a_server_open_to_other_machines_still_asks_for_the_token(tmp_path: Path) -> None:
+    """--monitor-host 0.0.0.0: reachable at every address of the machine; a viewer here is
+    pointed at 127.0.0.1, and a hello without the token is refused."""
+    t = Telemetry(tmp_path, welcome_extra={}, on_stop=lambda _why: None, host="0.0.0.0")
+    try:
+        info = json.loads((tmp_path / MONITOR_FILE).read_text())
+        assert (info["host"], info["listen"]) == ("127.0.0.1", "0.0.0.0")
+        with Connection(tmp_path) as conn:
+            assert conn.welcome["type"] == "welcome"
+        with pytest.raises(ProtocolError, match="token"):
+            Connection.to("127.0.0.1", t.port, "not-the-token", timeout_s=10)
+    finally:
+        t.close()
 
 
 def test_hello_welcome_history_then_live(server: Telemetry, tmp_path: Path) -> None:

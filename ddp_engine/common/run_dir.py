@@ -119,11 +119,16 @@ def read_rank_files(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]
 
 
 def rank_log_files(run_dir: str | os.PathLike[str]) -> dict[int, Path]:
-    """Each rank's log (torchrun's stderr.log of the newest attempt), by rank."""
+    """Each rank's log (torchrun's stderr.log of the newest attempt), by rank as the run
+    numbers it: torchrun names them by local rank, so a node K's folder (its config.json)
+    starts at rank K * nproc."""
+    cfg = read_json(Path(run_dir) / CONFIG_FILE)
+    node, nproc = (cfg.get("node_rank"), cfg.get("nproc")) if isinstance(cfg, dict) else (0, 0)
+    first = node * nproc if isinstance(node, int) and isinstance(nproc, int) else 0
     out: dict[int, tuple[float, Path]] = {}
     for p in (Path(run_dir) / "logs").glob("*/attempt_*/*/stderr.log"):
         try:
-            rank = int(p.parent.name)
+            rank = first + int(p.parent.name)
             mtime = p.stat().st_mtime
         except (ValueError, OSError):
             continue

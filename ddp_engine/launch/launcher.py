@@ -21,9 +21,12 @@ import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,7 +39,7 @@ from ddp_engine.common.lifeline import named_signal
 from ddp_engine.common.processes import terminate_then_kill
 from ddp_engine.common.protocol import MONITOR_FILE
 from ddp_engine.common.reasons import error_reason, one_line
-from ddp_engine.common.rendezvous import rendezvous_reason
+from ddp_engine.common.rendezvous import rendezvous_reason, wait_for_host
 from ddp_engine.common.run_dir import (
     CONFIG_FILE,
     atomic_write_json,
@@ -46,7 +49,8 @@ from ddp_engine.common.run_dir import (
     remove_partial_writes,
 )
 from ddp_engine.launch.monitor import RunMonitor, StatusFile, fmt_mib
-from ddp_engine.launch.plan import plan_launch
+from ddp_engine.launch.node_watch import NodeWatch
+from ddp_engine.launch.plan import Plan, plan_launch
 from ddp_engine.launch.shutdown import AGENT_SHUTDOWN_S, ShutdownClock
 from ddp_engine.launch.signals import SWEEP_GRACE_S, LauncherSignals
 from ddp_engine.launch.timeouts import timeout_part, watchdog_line
@@ -175,6 +179,11 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     monitor.stop_signalled = lambda: signals.agent_signals > 0
     monitor.stop_requests = signals.poll_once
     monitor.asked_signal = lambda: signals.asked.name if signals.asked else None
+    ending = _Ending(plan, run_dir, status, monitor, signals, out)
+    if plan.cfg.multi_node:
+        ending.watch = NodeWatch(plan.cfg, plan.cfg.local_addr or socket.gethostname())
+        ending.watch.start()
+        monitor.each_poll.append(partial(_cut_off_if_lost, ending))
     monitor.start()
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -186,9 +195,14 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     final: dict[str, Any] = {}
     code = EXIT_FAILED
     try:
+        # Node K: node 0's store answering first (or why not, said at once: torchrun would
+        # retry its connection silently for two minutes).
+        unreachable = wait_for_host(plan.cfg, monitor.say, lambda: bool(signals.seen))
         if signals.seen:
             raise SignalException("stop requested during start-up",
                                   signal.Signals[signals.seen[0]])
+        if unreachable:
+            raise RendezvousUnreachable(unreachable)
         signals.phase = "agent"
         if not plan.cfg.multi_node:
             os.environ.pop(NODE_RANK_ENV, None)  # this launcher's own environment
@@ -211,16 +225,67 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     except SignalException as e:
         final = {"state": "stopped", "stop_signal": e.sigval.name}
         code = EXIT_OK
+    except RendezvousUnreachable as e:
+        final = {"state": "failed", "reason": str(e)}
     except Exception as e:  # rendezvous or agent failure
         final = {"state": "failed", "reason": rendezvous_reason(e, plan.cfg)
                  or "launcher: " + one_line(f"{type(e).__name__}: {e}")}
     finally:
+        # Held until the process exits: when the monitor thread ends this node without the
+        # agent (node 0 lost), the agent may return meanwhile, and must not end it twice.
+        ending.lock.acquire()
         signals.phase = "done"
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # torchrun's handler for it would raise
         monitor.request_stop()
         monitor.join()
         monitor.poll_once(scan_processes=True)
         leftover = terminate_then_kill(monitor.procs.values(), SWEEP_GRACE_S)
+    return _conclude(ending, final, code, leftover)
+
+
+class RendezvousUnreachable(Exception):
+    """Node 0's rendezvous store did not answer this node in time (the reason in words)."""
+
+
+@dataclasses.dataclass
+class _Ending:
+    """What ending a launch takes, and the right to do it (:attr:`lock`): the main thread's
+    once the agent has returned, or the monitor thread's when the agent hangs on a node 0 that
+    the network lost (:func:`_cut_off_if_lost`)."""
+
+    plan: Plan
+    run_dir: Path
+    status: StatusFile
+    monitor: RunMonitor
+    signals: LauncherSignals
+    out: TextIO
+    watch: NodeWatch | None = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+def _cut_off_if_lost(ending: _Ending) -> None:
+    """From the monitor thread: once node 0 is lost and this node's ranks have all ended,
+    end this node now (torch's agent would wait on node 0's store for good)."""
+    assert ending.watch is not None
+    lost = ending.watch.cut_off()
+    if lost is None or not ending.lock.acquire(blocking=False):
+        return
+    ending.monitor.say(f"{lost}: this node's ranks have ended; ending without torchrun's "
+                       "agent, which waits on node 0")
+    ending.signals.phase = "done"
+    leftover = terminate_then_kill(ending.monitor.procs.values(), SWEEP_GRACE_S)
+    code = _conclude(ending, {"state": "failed", "reason": _rank_error(ending.run_dir)
+                              or "this node's ranks ended"}, EXIT_FAILED, leftover)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _conclude(ending: _Ending, final: dict[str, Any], code: int, leftover: list[int]) -> int:
+    """The run's final state and reason from the agent's outcome (``final``, ``code``) and
+    what the ranks wrote: status.json written, the end printed. Returns the exit code."""
+    plan, run_dir, monitor, signals = ending.plan, ending.run_dir, ending.monitor, ending.signals
+    status, out = ending.status, ending.out
     signals_seen = signals.seen
 
     world = plan.cfg.nproc or 1  # this node's ranks
@@ -272,6 +337,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     elif final.get("state") == "failed" and "rank" not in final.get("reason", "rank"):
         final["reason"] = _rank_error(run_dir) or final["reason"]
     errors = {str(d.get("error")) for d in ranks.values()}
+    agreed = False
     if final.get("state") == "failed" and len(errors) == 1 and all(
             d.get("state") == "failed" for d in ranks.values()):
         (error,) = errors
@@ -279,6 +345,10 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
             # Every rank stopped cleanly and says why the run failed (a node's launcher
             # died): that, not how torchrun saw its ranks exit.
             final["reason"] = one_line(error.removeprefix("RunFailed: "))
+            agreed = True
+    lost = ending.watch.lost_text() if ending.watch is not None else None
+    if final.get("state") == "failed" and lost and not agreed:  # what the ranks' error hides
+        final["reason"] = f"{lost}; {final['reason']}"
     timed_out = any(d.get("collective_timeout") for d in (final.get("ranks") or {}).values())
     hint = monitor.hang_hint or (failure_hint(read_heartbeats(run_dir)) if timed_out else None)
     if final.get("state") == "failed" and hint:  # which rank the others waited for, and where
@@ -308,6 +378,8 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     for r, d in (final.get("ranks") or {}).items():
         exit_codes[r] = d.get("exit_code")
     status.update(step=step, exit_codes=exit_codes, ended=time.time(), stall=None, **final)
+    if ending.watch is not None:
+        ending.watch.close(str(final.get("state")))
     _report_end(run_dir, status.data, out)
     return code
 

@@ -141,11 +141,13 @@ class RunMonitor(threading.Thread):
         self.stop_requests: Callable[[dict[int, dict[str, Any]], dict[int, psutil.Process],
                                       Callable[[], dict[int, dict[str, Any]]]], None] | None
         self.stop_requests = None
-        self.asked_signal: Callable[[], str | None] = lambda: None
-        """The signal this node's launcher got and turned into a stop request, if one did."""
         """Called each poll with this node's rank files, the run's processes and a heartbeat
         reader: the launcher's stop request goes to ranks as they start (see
         :class:`~ddp_engine.launch.signals.LauncherSignals`)."""
+        self.asked_signal: Callable[[], str | None] = lambda: None
+        """The signal this node's launcher got and turned into a stop request, if one did."""
+        self.each_poll: list[Callable[[], None]] = []
+        """Called at the end of every poll (the node watch's check of a lost node 0)."""
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
@@ -194,6 +196,8 @@ class RunMonitor(threading.Thread):
                 d.get("state") == "running" for d in ranks.values()):
             self.status.update(state="running")
         self.status.flush()  # progress held back by the write interval
+        for check in self.each_poll:
+            check()
         return bool(new)
 
     def _beats(self) -> None:

@@ -20,7 +20,11 @@ from ddp_engine.common.machine_checks import (
     check_steps_left,
     resolved_device,
 )
-from ddp_engine.common.rendezvous import check_host_endpoint
+from ddp_engine.common.rendezvous import (
+    check_host_endpoint,
+    check_local_addr,
+    socket_interface_env,
+)
 from ddp_engine.common.run_dir import (
     CONFIG_FILE,
     new_run_dir,
@@ -86,6 +90,7 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
     node = f"node-{cfg.node_rank}" if cfg.node_rank else ""
     if create_run_dir:
         check_host_endpoint(cfg)  # node 0 hosts the rendezvous: its address, a free port
+        check_local_addr(cfg)
         field, where = ("run_dir", cfg.run_dir) if cfg.run_dir else ("runs_dir", cfg.runs_dir)
         try:
             run_dir = prepare_run_dir(
@@ -117,6 +122,12 @@ def plan_launch(cfg: RunConfig, *, create_run_dir: bool = True) -> Plan:
     if cfg.multi_node:
         env[NODE_RANK_ENV] = str(cfg.node_rank)
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "0"
+        chosen_ifname = socket_interface_env(cfg, device)
+        env.update(chosen_ifname)
+        if chosen_ifname:
+            notes.append(f"{' and '.join(sorted(chosen_ifname))}="
+                         f"{next(iter(chosen_ifname.values()))}: the interface of --local-addr "
+                         f"{cfg.local_addr} (set it yourself to choose another)")
     nodes = rendezvous_args(cfg)
     args = [*nodes, "--nproc-per-node", str(resolved.nproc),
             "--log-dir", str(run_dir / "logs"), "--redirects", "3",

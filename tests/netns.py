@@ -39,16 +39,16 @@ class Host:
     def popen(self, command: Sequence[str], log: Path, env: dict[str, str],
               ) -> subprocess.Popen[bytes]:
         """Start ``command`` in this host, its output in ``log``, in its own session (as the
-        app starts a launcher); gloo told to use the veth (not the namespace's loopback)."""
+        app starts a launcher). No GLOO_SOCKET_IFNAME: the launcher picks the interface of
+        --local-addr, as it does for a user."""
         with open(log, "wb") as out:
             return subprocess.Popen(self.argv(command), stdout=out, stderr=subprocess.STDOUT,
-                                    env={**env, "GLOO_SOCKET_IFNAME": self.interface},
-                                    start_new_session=True)
+                                    env=env, start_new_session=True)
 
     def run(self, command: Sequence[str], env: dict[str, str], timeout: float = 120,
             ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(command), capture_output=True, text=True, env={
-            **env, "GLOO_SOCKET_IFNAME": self.interface}, timeout=timeout)
+        return subprocess.run(self.argv(command), capture_output=True, text=True, env=env,
+                              timeout=timeout)
 
     def pids(self) -> list[int]:
         """The processes running in this host."""

@@ -5,14 +5,21 @@ them on two machines: ``launch --nnodes 2 --node-rank K --rdzv-endpoint NODE0:PO
 
 from __future__ import annotations
 
-import signal
+import contextlib
+import json
+import re
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from ddp_engine.common.cluster import node_script
+from ddp_engine.common.config import RunConfig
+from ddp_engine.common.protocol import read_monitor_file
 from ddp_engine.common.run_dir import read_rank_files, read_status
 from tests.conftest import engine_env, wait_for
 from tests.ddp_engine.launch.test_launcher import events, metrics
@@ -21,13 +28,15 @@ from tests.netns import ADDRESSES, Host, two_hosts
 pytestmark = pytest.mark.slow
 PORT = 29400
 """The rendezvous port on node0's address (each namespace has its own ports)."""
+MONITOR_PORT = 29600
+"""Rank 0's telemetry port, where the other host attaches."""
 
 
 def launch_on(host: Host, node: int, run_dir: Path, log: Path, *extra: str,
-            ) -> subprocess.Popen[bytes]:
+              endpoint: str = f"{ADDRESSES[0]}:{PORT}") -> subprocess.Popen[bytes]:
     return host.popen([sys.executable, "-m", "ddp_engine", "launch", "--device", "cpu",
                        "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
-                       "--rdzv-endpoint", f"{ADDRESSES[0]}:{PORT}", "--local-addr",
+                       "--rdzv-endpoint", endpoint, "--local-addr",
                        host.address, "--run-dir", str(run_dir), "--log-every", "5", *extra],
                       log, engine_env())
 
@@ -39,11 +48,22 @@ def logs(tmp_path: Path) -> str:
 
 def test_two_hosts_train_as_one_run_with_node_0_hosting_the_rendezvous(tmp_path: Path) -> None:
     """Node 0's host name does not resolve to 10.251.7.1: torchrun alone would let no node host
-    the rendezvous store and both would fail to connect; the launcher says node 0 hosts it."""
+    the rendezvous store and both would fail to connect; the launcher says node 0 hosts it.
+    Node 0 is started with the launcher, node 1 with the script `cluster` exports for it (in
+    a folder of its own, RANKSCOPE_PYTHON pointing at Rankscope, GLOO_SOCKET_IFNAME set as
+    the user guide says for a host with several interfaces)."""
     run_dir = tmp_path / "run"
+    cfg = RunConfig(device="cpu", nproc=1, nnodes=2, rdzv_endpoint=f"{ADDRESSES[0]}:{PORT}",
+                    max_steps=30, log_every=5)
+    node1_dir = tmp_path / "node1"
+    node1_dir.mkdir()
+    (node1_dir / "node-1.sh").write_text(node_script(cfg, 1))
     with two_hosts() as hosts:
-        procs = [launch_on(h, k, run_dir, tmp_path / f"node-{k}.log", "--max-steps", "30")
-                 for k, h in enumerate(hosts)]
+        procs = [launch_on(hosts[0], 0, run_dir, tmp_path / "node-0.log", "--max-steps", "30"),
+                 hosts[1].popen(["bash", "-c", f"cd {node1_dir} && bash node-1.sh"],
+                                tmp_path / "node-1.log",
+                                {**engine_env(), "RANKSCOPE_PYTHON": sys.executable,
+                                 "GLOO_SOCKET_IFNAME": hosts[1].interface})]
         try:
             codes = [p.wait(timeout=240) for p in procs]
         finally:
@@ -51,7 +71,7 @@ def test_two_hosts_train_as_one_run_with_node_0_hosting_the_rendezvous(tmp_path:
                 p.kill()
         assert codes == [0, 0], logs(tmp_path)
         assert [h.pids() for h in hosts] == [[], []]  # nothing left in either host
-    node1 = run_dir / "node-1"
+    (node1,) = (node1_dir / "runs").glob("mlp-synthetic-node-1-*")
     assert read_status(run_dir)["state"] == read_status(node1)["state"] == "completed"
     assert sorted(read_rank_files(run_dir)) == [0] and sorted(read_rank_files(node1)) == [1]
     start = events(run_dir, "run_start")[0]
@@ -63,32 +83,84 @@ def test_two_hosts_train_as_one_run_with_node_0_hosting_the_rendezvous(tmp_path:
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 30
 
 
-def test_sigterm_to_node_1s_launcher_stops_both_hosts_at_one_step(tmp_path: Path) -> None:
-    """As scancel or docker stop on the second machine: every rank on both hosts stops after
-    the same step, rank 0 (on node 0) saves, and nothing is left in either host."""
+@contextlib.contextmanager
+def training_on_two_hosts(tmp_path: Path, *extra: str,
+                          ) -> Iterator[tuple[tuple[Host, Host], list[subprocess.Popen[bytes]],
+                                              Path]]:
+    """Both hosts' launchers started (open-ended runs) and training: (hosts, launchers, run
+    folder). Both launchers killed on the way out, whatever happened."""
     run_dir = tmp_path / "run"
     with two_hosts() as hosts:
-        procs = [launch_on(h, k, run_dir, tmp_path / f"node-{k}.log", "--max-steps", "1000000")
-                 for k, h in enumerate(hosts)]
+        procs = [launch_on(h, k, run_dir, tmp_path / f"node-{k}.log", "--max-steps", "1000000",
+                           *extra) for k, h in enumerate(hosts)]
         try:
             wait_for(lambda: len(metrics(run_dir)) >= 2 or any(p.poll() is not None
                                                                  for p in procs),
                      180, "both hosts to train")
             assert all(p.poll() is None for p in procs), logs(tmp_path)
-            procs[1].send_signal(signal.SIGTERM)
-            codes = [p.wait(timeout=120) for p in procs]
+            yield hosts, procs, run_dir
         finally:
             for p in procs:
                 p.kill()
-        assert codes == [0, 0], logs(tmp_path)
-        assert [h.pids() for h in hosts] == [[], []]
+
+
+def stopped_at_one_step(run_dir: Path) -> int:
+    """Every rank of both nodes stopped after the same step, rank 0's checkpoint at it: the
+    step."""
     ranks = {**read_rank_files(run_dir), **read_rank_files(run_dir / "node-1")}
-    assert {d["state"] for d in ranks.values()} == {"stopped"}
+    assert {d["state"] for d in ranks.values()} == {"stopped"}, ranks
     assert len({d["step"] for d in ranks.values()}) == 1, ranks
-    step = ranks[0]["step"]
+    step = int(ranks[0]["step"])
     for folder in (run_dir, run_dir / "node-1"):
         assert read_status(folder)["state"] == "stopped"
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
+    return step
+
+
+def test_ddp_engine_stop_on_node_1_stops_both_hosts_at_one_step(tmp_path: Path) -> None:
+    """As a user on the second machine types it (node 1's folder has no telemetry: the stop
+    command signals node 1's launcher, as scancel or docker stop would): every rank on both
+    hosts stops after the same step, rank 0 (on node 0) saves, nothing is left in either."""
+    with training_on_two_hosts(tmp_path) as (hosts, procs, run_dir):
+        got = hosts[1].run([sys.executable, "-m", "ddp_engine", "stop",
+                            str(run_dir / "node-1")], engine_env())
+        codes = [p.wait(timeout=120) for p in procs]
+        assert codes == [0, 0], logs(tmp_path)
+        assert [h.pids() for h in hosts] == [[], []]
+    step = stopped_at_one_step(run_dir)
+    assert got.returncode == 0 and got.stdout.startswith(f"stopped at step {step}"), got
+
+
+def test_the_app_on_node_1_attaches_to_rank_0_on_node_0_and_stops_the_run(
+        tmp_path: Path) -> None:
+    """Rank 0's telemetry opened to the other machine (--monitor-host, node 0's address): the
+    app's remote attach from node 1 with the run's token (a wrong token refused), its charts'
+    reports, and its Stop: both hosts stop at one step."""
+    with training_on_two_hosts(tmp_path, "--monitor-host", ADDRESSES[0], "--monitor-port",
+                               str(MONITOR_PORT)) as (hosts, procs, run_dir):
+        monitor = read_monitor_file(run_dir)
+        assert (monitor["host"], monitor["listen"], monitor["port"]) == (
+            ADDRESSES[0], ADDRESSES[0], MONITOR_PORT)
+        shown = hosts[0].run([sys.executable, "-m", "ddp_engine", "status", str(run_dir)],
+                             engine_env())
+        assert (f"from another machine: in the app, Attach to remote rank 0, {ADDRESSES[0]}, "
+                f"{MONITOR_PORT}, the token") in shown.stdout, shown
+        got = hosts[1].run([sys.executable, "-m", "tests.ddp_engine.launch.remote_viewer",
+                            ADDRESSES[0], str(MONITOR_PORT), monitor["token"]],
+                           {**engine_env(), "QT_QPA_PLATFORM": "offscreen"}, timeout=200)
+        assert got.returncode == 0, got.stdout + got.stderr
+        codes = [p.wait(timeout=120) for p in procs]
+        assert codes == [0, 0], logs(tmp_path)
+        assert [h.pids() for h in hosts] == [[], []]
+    seen = json.loads(got.stdout.splitlines()[-1])
+    refused, _box = seen["refused"]
+    assert refused.startswith(f"the server at {ADDRESSES[0]}:{MONITOR_PORT} closed the "
+                              "connection instead of welcoming us (wrong token"), refused
+    assert seen["taken"] is None and seen["world_size"] == 2 and len(seen["steps"]) >= 2
+    step = stopped_at_one_step(run_dir)
+    assert seen["finished"]["state"] == "stopped" and seen["finished"]["step"] == step, seen
+    assert seen["finished"]["remote"] == f"{ADDRESSES[0]}:{MONITOR_PORT}"
+    assert "the Rankscope window" in read_status(run_dir)["reason"]
 
 
 def test_node_0_given_an_address_it_does_not_have_is_told_before_starting(
@@ -105,3 +177,37 @@ def test_node_0_given_an_address_it_does_not_have_is_told_before_starting(
             "(this one) hosts the rendezvous there: give node 0's own address") in got.stderr
     assert ADDRESSES[0] in got.stderr  # the addresses it has, to choose from
     assert not (tmp_path / "run").exists()
+
+
+def test_node_1_with_a_wrong_address_is_told_before_or_at_once(tmp_path: Path) -> None:
+    """--local-addr that is node 0's: exit 2 before starting, naming the field. An endpoint no
+    node has: said within seconds (torchrun alone says nothing for two minutes), and the
+    node fails at its --dist-timeout-s naming what to check."""
+    with two_hosts() as hosts:
+        wrong = hosts[1].run([sys.executable, "-m", "ddp_engine", "launch", "--device", "cpu",
+                              "--nproc", "1", "--nnodes", "2", "--node-rank", "1",
+                              "--rdzv-endpoint", f"{ADDRESSES[0]}:{PORT}", "--local-addr",
+                              ADDRESSES[0], "--run-dir", str(tmp_path / "a")], engine_env())
+        assert wrong.returncode == 2, wrong
+        assert wrong.stderr.startswith(f"error: local_addr: {ADDRESSES[0]} is not an address of "
+                                       "this machine (node 1): give this node's own address")
+        assert ADDRESSES[1] in wrong.stderr and not (tmp_path / "a").exists()
+        nobody = "10.251.7.9"
+        started = time.monotonic()
+        proc = launch_on(hosts[1], 1, tmp_path / "b", tmp_path / "node-1.log",
+                         "--dist-timeout-s", "5", endpoint=f"{nobody}:{PORT}")
+        try:
+            code = proc.wait(timeout=60)
+        finally:
+            proc.kill()
+        took = time.monotonic() - started
+        assert hosts[1].pids() == []
+    out = (tmp_path / "node-1.log").read_text()
+    assert code == 1, out
+    assert re.search(rf"node 0's rendezvous store at {nobody}:{PORT} cannot be reached from "
+                     r"here \((No route to host|TimeoutError)\): check the address, the "
+                     r"network and the firewall; waiting up to 5 s", out), out
+    reason = read_status(tmp_path / "b" / "node-1")["reason"]
+    assert reason.startswith(f"rendezvous: node 1 could not reach node 0's rendezvous store at "
+                             f"{nobody}:{PORT} within 5 s"), reason
+    assert took < 30, took

@@ -231,6 +231,8 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
         final = {"state": "failed", "reason": rendezvous_reason(e, plan.cfg)
                  or "launcher: " + one_line(f"{type(e).__name__}: {e}")}
     finally:
+        if ending.watch is not None:  # lost nodes as the agent returned (the store goes now)
+            ending.watch.freeze()
         # Held until the process exits: when the monitor thread ends this node without the
         # agent (node 0 lost), the agent may return meanwhile, and must not end it twice.
         ending.lock.acquire()
@@ -270,29 +272,51 @@ def _cut_off_if_lost(ending: _Ending) -> None:
     lost = ending.watch.cut_off()
     if lost is None or not ending.lock.acquire(blocking=False):
         return
-    ending.monitor.say(f"{lost}: this node's ranks have ended; ending without torchrun's "
-                       "agent, which waits on node 0")
-    ending.signals.phase = "done"
-    leftover = terminate_then_kill(ending.monitor.procs.values(), SWEEP_GRACE_S)
-    code = _conclude(ending, {"state": "failed", "reason": _rank_error(ending.run_dir)
-                              or "this node's ranks ended"}, EXIT_FAILED, leftover)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    code = EXIT_FAILED
+    try:  # whatever happens here, this process ends: the lock is never given back
+        ending.monitor.say(f"{lost}: this node's ranks have ended; ending without torchrun's "
+                           "agent, which waits on node 0")
+        ending.signals.phase = "done"
+        leftover = terminate_then_kill(ending.monitor.procs.values(), SWEEP_GRACE_S)
+        states = {d.get("state") for d in _node_ranks(ending.plan, ending.run_dir).values()}
+        if states in ({"completed"}, {"stopped"}):  # node 0 lost after the ranks' own end
+            final = {"state": states.pop()}
+        else:
+            final = {"state": "failed", "reason": _rank_error(ending.run_dir) or (
+                f"this node's ranks ended ({', '.join(map(str, states))})" if states
+                else "node 0 was lost before this node's ranks started training")}
+        code = _conclude(ending, final, code, leftover, hard_exit=True)
+    except Exception as e:  # noqa: BLE001 - said, and the run recorded failed if it can be
+        with contextlib.suppress(Exception):
+            ending.status.update(state="failed", ended=time.time(), reason=f"{lost}; ending "
+                                 f"this node failed: {one_line(f'{type(e).__name__}: {e}')}")
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
-def _conclude(ending: _Ending, final: dict[str, Any], code: int, leftover: list[int]) -> int:
+def _node_ranks(plan: Plan, run_dir: Path) -> dict[int, dict[str, Any]]:
+    """This node's rank files, by global rank. Only this node's: a node started without a
+    folder of its own (a plain torchrun script) writes its ranks' files into rank 0's."""
+    world = plan.cfg.nproc or 1
+    mine = range(plan.cfg.node_rank * world, (plan.cfg.node_rank + 1) * world)
+    return {r: d for r, d in read_rank_files(run_dir).items() if r in mine}
+
+
+def _conclude(ending: _Ending, final: dict[str, Any], code: int, leftover: list[int],
+              hard_exit: bool = False) -> int:
     """The run's final state and reason from the agent's outcome (``final``, ``code``) and
-    what the ranks wrote: status.json written, the end printed. Returns the exit code."""
+    what the ranks wrote: status.json written, the end printed. Returns the exit code.
+    ``hard_exit``: the caller ends the process with os._exit (no wait for the node watch)."""
     plan, run_dir, monitor, signals = ending.plan, ending.run_dir, ending.monitor, ending.signals
     status, out = ending.status, ending.out
     signals_seen = signals.seen
 
     world = plan.cfg.nproc or 1  # this node's ranks
     mine = range(plan.cfg.node_rank * world, (plan.cfg.node_rank + 1) * world)
-    # Only this node's: a node started without a folder of its own (a plain torchrun script)
-    # writes its ranks' files into rank 0's.
-    ranks = {r: d for r, d in read_rank_files(run_dir).items() if r in mine}
+    ranks = _node_ranks(plan, run_dir)
     states = {r: d.get("state") for r, d in ranks.items()}
     step = max([d["step"] for d in ranks.values() if isinstance(d.get("step"), int)]
                + [monitor.last_step])
@@ -379,7 +403,7 @@ def _conclude(ending: _Ending, final: dict[str, Any], code: int, leftover: list[
         exit_codes[r] = d.get("exit_code")
     status.update(step=step, exit_codes=exit_codes, ended=time.time(), stall=None, **final)
     if ending.watch is not None:
-        ending.watch.close(str(final.get("state")))
+        ending.watch.close(str(final.get("state")), wait=not hard_exit)
     _report_end(run_dir, status.data, out)
     return code
 

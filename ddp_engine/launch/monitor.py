@@ -22,6 +22,7 @@ from ddp_engine.common.heartbeat import (
     stall_text,
 )
 from ddp_engine.common.lifeline import named_signal
+from ddp_engine.common.reasons import one_line
 from ddp_engine.common.run_dir import (
     FINAL_STATES,
     STATUS_FILE,
@@ -196,8 +197,14 @@ class RunMonitor(threading.Thread):
                 d.get("state") == "running" for d in ranks.values()):
             self.status.update(state="running")
         self.status.flush()  # progress held back by the write interval
-        for check in self.each_poll:
-            check()
+        for check in list(self.each_poll):
+            try:
+                check()
+            except Exception as e:  # noqa: BLE001 - a broken check turns itself off, said
+                self.each_poll.remove(check)
+                name = getattr(getattr(check, "func", check), "__name__", "a check")
+                self.say(f"warning: {name} failed and is off for the rest of this run: "
+                         + one_line(f"{type(e).__name__}: {e}"))
         return bool(new)
 
     def _beats(self) -> None:

@@ -67,6 +67,7 @@ class NodeWatch(threading.Thread):
         self._final_state: str | None = None
         self._stopping = threading.Event()
         self._gone_since: float | None = None
+        self._frozen: float | None = None
 
     # -------------------------------------------------------------------- the watch thread
     def run(self) -> None:
@@ -115,21 +116,28 @@ class NodeWatch(threading.Thread):
             self._store = store
         return self._store
 
-    def close(self, state: str | None = None) -> None:
-        """Stop beating; with ``state``, tell node 0 this node ended. Waits for the thread at
-        most :data:`OP_TIMEOUT_S` and a beat (a store that has gone away may hang it), and not
-        at all once node 0 is lost."""
+    def close(self, state: str | None = None, wait: bool = True) -> None:
+        """Stop beating; with ``state``, tell node 0 this node ended. With ``wait``, waits for
+        the thread at most :data:`OP_TIMEOUT_S` and a beat (a store that has gone away may hang
+        it; left to the interpreter's exit, a store call in flight aborts the process). Without:
+        the caller ends the process with os._exit."""
         self._final_state = state
         self._stopping.set()
         if self.ident is None:  # never started: polled by hand (tests)
             self._finish()
-        elif self.is_alive() and not (self.node != 0 and 0 in self.lost()):
-            self.join(OP_TIMEOUT_S + self.beat_s)  # (node 0 lost: its store would not answer)
+        elif wait and self.is_alive():
+            self.join(OP_TIMEOUT_S + self.beat_s)
+
+    def freeze(self) -> None:
+        """Verdicts from now on as they are now: called as the agent returns, after which node
+        0's store goes away at the end of a run and silence no longer means a lost node."""
+        self._frozen = self._frozen or time.monotonic()
 
     # ----------------------------------------------------------------------------- verdicts
     def lost(self, now: float | None = None) -> dict[int, float]:
         """Nodes heard once, silent for :data:`LOST_S` or more and not ended: node -> seconds."""
         now = time.monotonic() if now is None else now
+        now = min(now, self._frozen) if self._frozen else now
         return {k: now - t for k, t in sorted(self.heard.items())
                 if now - t >= LOST_S and k not in self.ended}
 

@@ -3,6 +3,7 @@ PROGRESS_WRITE_S and not fsynced (ddp_engine/launch/monitor.py's StatusFile)."""
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -110,3 +111,22 @@ def test_an_update_from_a_signal_handler_inside_an_update_goes_through(tmp_path:
         signal.signal(signal.SIGALRM, old_alarm)
     got = read_status(tmp_path)
     assert got is not None and got["state"] == "stopping"
+
+
+def test_a_check_that_breaks_turns_itself_off_and_says_so(tmp_path: Path) -> None:
+    """The monitor's per-poll checks (the node watch's) must not take the monitor down."""
+    out = io.StringIO()
+    mon = monitor.RunMonitor(tmp_path, StatusFile(tmp_path), out)
+    calls: list[int] = []
+
+    def lost_node_check() -> None:
+        calls.append(1)
+        raise OSError("the store went away")
+
+    mon.each_poll.append(lost_node_check)
+    mon.each_poll.append(lambda: calls.append(2))
+    mon.poll_once()
+    mon.poll_once()
+    assert calls == [1, 2, 2] and len(mon.each_poll) == 1
+    assert ("warning: lost_node_check failed and is off for the rest of this run: OSError: the "
+            "store went away") in out.getvalue()

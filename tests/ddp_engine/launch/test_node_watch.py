@@ -103,3 +103,19 @@ def test_a_store_that_is_not_there_is_retried_quietly() -> None:
     with pytest.raises(Exception, match="(?i)connect|timed? ?out"):
         watch.poll_once()
     assert watch.heard == {} and watch.lost() == {}
+
+
+def test_verdicts_stay_as_they_were_when_the_agent_returned(endpoint: str) -> None:
+    """At the end of a run node 0's store goes away: a node failing slowly after that must not
+    name node 0 lost for the silence that follows (the launcher freezes the watch as its agent
+    returns)."""
+    node1 = _watch(endpoint, 1, nnodes=2)
+    node1.poll_once()
+    node1.freeze()
+    assert node1.lost() == {} and node1.lost_text(time.monotonic() + 60) is None
+    node0 = _watch(endpoint, 0, nnodes=2)
+    node0.poll_once()
+    node0.heard[1] = time.monotonic() - LOST_S - 1  # lost before the agent returned: said
+    node0.freeze()
+    assert list(node0.lost(time.monotonic() + 60)) == [1]
+    assert node0.lost_text(time.monotonic() + 60) is not None

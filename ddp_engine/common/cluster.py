@@ -101,10 +101,12 @@ def node_script(cfg: RunConfig, node_rank: int) -> str:
         f"# Rankscope: node {node_rank} of {cfg.nnodes} ({cfg.default_name()}).",
         "# Start one of these on each node (any order); node 0's address is the rendezvous",
         "# endpoint. Each node's launcher writes a run folder under runs_dir; node 0's has the",
-        "# metrics, checkpoints and live telemetry of every rank.",
+        "# metrics, checkpoints and live telemetry of every rank. Arguments given to this",
+        "# script go to the launcher: on a machine with several network interfaces, give it",
+        "# this machine's address as the others reach it, e.g. --local-addr 10.0.0.2.",
         *_python_lines(),
         _write_config(portable_config(cfg), CONFIG_NAME),
-        command,
+        command + ' "$@"',
         ""])
 
 

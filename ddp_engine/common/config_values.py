@@ -96,6 +96,10 @@ def check_network(cfg: Any) -> None:
                           "port, e.g. node0.example.org:29400)")
     check_host("local_addr", cfg.local_addr)
     check_host("monitor_host", cfg.monitor_host)
+    if ":" in cfg.monitor_host:  # an IPv6 socket would not take the 127.0.0.1 monitor.json names
+        raise ConfigError(f"monitor_host: IPv4 only, got {cfg.monitor_host.strip()!r}: give "
+                          "127.0.0.1 (this machine only), one of its IPv4 addresses or 0.0.0.0 "
+                          "(all of them)")
     cfg.monitor_host = cfg.monitor_host.strip()
     if cfg.rdzv_id is not None and not NAME_RE.match(cfg.rdzv_id):
         raise ConfigError(f"rdzv_id: {cfg.rdzv_id!r} is not allowed; use 1-64 letters, "

@@ -64,7 +64,7 @@ def test_killing_node_1s_launcher_on_its_host_fails_the_run(tmp_path: Path,
                  "nothing left in either host")
         took = time.monotonic() - killed
     ranks = {**read_rank_files(run_dir), **read_rank_files(run_dir / "node-1")}
-    assert {d["state"] for d in ranks.values()} == {"failed"}, ranks
+    assert sorted(ranks) == [0, 1] and {d["state"] for d in ranks.values()} == {"failed"}, ranks
     step = ranks[0]["step"]
     assert {d["step"] for d in ranks.values()} == {step}
     status = read_status(run_dir)

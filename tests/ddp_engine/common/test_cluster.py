@@ -73,7 +73,8 @@ def _embedded(script: str) -> tuple[dict[str, object], list[str]]:
     config = re.search(r"<<'RANKSCOPE_CONFIG'\n(.*?)\nRANKSCOPE_CONFIG\n", script, re.S)
     command = re.search(r'exec "\$PYTHON" -m ddp_engine launch --config \S+ ([^\n\']*)', script)
     assert config and command, script
-    return json.loads(config.group(1)), shlex.split(command.group(1))
+    flags = shlex.split(command.group(1))
+    return json.loads(config.group(1)), flags[:-1] if flags[-1:] == ["$@"] else flags
 
 
 def _as_launched(tmp_path: Path, script: str) -> RunConfig:

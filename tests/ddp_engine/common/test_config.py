@@ -60,6 +60,8 @@ from ddp_engine.launch.cli import split_script_args
     ({"local_addr": "node 0"}, r"local_addr must be a host name or IP address, got 'node 0'"),
     ({"monitor_host": " "}, r"monitor_host must be a host name or IP address, got ' '"),
     ({"monitor_host": "node 0"}, r"monitor_host must be a host name or IP address, got 'node 0'"),
+    ({"monitor_host": "::"}, r"monitor_host: IPv4 only, got '::': give 127\.0\.0\.1 "
+     r"\(this machine only\), one of its IPv4 addresses or 0\.0\.0\.0 \(all of them\)$"),
     ({"loss_spike_mads": -1}, r"loss_spike_mads must be a finite number >= 0, got -1.0"),
     ({"loss_spike_mads": float("inf")}, r"loss_spike_mads must be a finite number >= 0, got inf"),
     ({"loss_spike_mads": "high"}, r"loss_spike_mads must be a number, got 'high'"),

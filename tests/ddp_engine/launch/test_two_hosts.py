@@ -1,7 +1,7 @@
 """Two hosts for real (issue 32): the launcher on each of two network namespaces joined by a
 veth pair (tests/netns.py), with their own addresses and loopbacks, started as users start
 them on two machines: ``launch --nnodes 2 --node-rank K --rdzv-endpoint NODE0:PORT
---local-addr ADDRESS`` (gloo on the veth: GLOO_SOCKET_IFNAME)."""
+--local-addr ADDRESS`` (which puts gloo on the veth)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from ddp_engine.common.cluster import node_script
 from ddp_engine.common.config import RunConfig
 from ddp_engine.common.protocol import read_monitor_file
-from ddp_engine.common.run_dir import read_rank_files, read_status
+from ddp_engine.common.run_dir import rank_log_files, read_rank_files, read_status
 from tests.conftest import engine_env, wait_for
 from tests.ddp_engine.launch.test_launcher import events, metrics
 from tests.netns import ADDRESSES, Host, two_hosts
@@ -33,9 +33,10 @@ MONITOR_PORT = 29600
 
 
 def launch_on(host: Host, node: int, run_dir: Path, log: Path, *extra: str,
-              endpoint: str = f"{ADDRESSES[0]}:{PORT}") -> subprocess.Popen[bytes]:
+              endpoint: str = f"{ADDRESSES[0]}:{PORT}", nproc: int = 1
+              ) -> subprocess.Popen[bytes]:
     return host.popen([sys.executable, "-m", "ddp_engine", "launch", "--device", "cpu",
-                       "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
+                       "--nproc", str(nproc), "--nnodes", "2", "--node-rank", str(node),
                        "--rdzv-endpoint", endpoint, "--local-addr",
                        host.address, "--run-dir", str(run_dir), "--log-every", "5", *extra],
                       log, engine_env())
@@ -50,20 +51,21 @@ def test_two_hosts_train_as_one_run_with_node_0_hosting_the_rendezvous(tmp_path:
     """Node 0's host name does not resolve to 10.251.7.1: torchrun alone would let no node host
     the rendezvous store and both would fail to connect; the launcher says node 0 hosts it.
     Node 0 is started with the launcher, node 1 with the script `cluster` exports for it (in
-    a folder of its own, RANKSCOPE_PYTHON pointing at Rankscope, GLOO_SOCKET_IFNAME set as
-    the user guide says for a host with several interfaces)."""
+    a folder of its own, RANKSCOPE_PYTHON pointing at Rankscope, given --local-addr as its
+    comment says for a host with several interfaces: gloo's interface follows from it). Two
+    ranks on each node: node 1's are ranks 2 and 3."""
     run_dir = tmp_path / "run"
-    cfg = RunConfig(device="cpu", nproc=1, nnodes=2, rdzv_endpoint=f"{ADDRESSES[0]}:{PORT}",
+    cfg = RunConfig(device="cpu", nproc=2, nnodes=2, rdzv_endpoint=f"{ADDRESSES[0]}:{PORT}",
                     max_steps=30, log_every=5)
     node1_dir = tmp_path / "node1"
     node1_dir.mkdir()
     (node1_dir / "node-1.sh").write_text(node_script(cfg, 1))
     with two_hosts() as hosts:
-        procs = [launch_on(hosts[0], 0, run_dir, tmp_path / "node-0.log", "--max-steps", "30"),
-                 hosts[1].popen(["bash", "-c", f"cd {node1_dir} && bash node-1.sh"],
-                                tmp_path / "node-1.log",
-                                {**engine_env(), "RANKSCOPE_PYTHON": sys.executable,
-                                 "GLOO_SOCKET_IFNAME": hosts[1].interface})]
+        procs = [launch_on(hosts[0], 0, run_dir, tmp_path / "node-0.log", "--max-steps", "30",
+                           nproc=2),
+                 hosts[1].popen(["bash", "-c", f"cd {node1_dir} && bash node-1.sh "
+                                 f"--local-addr {hosts[1].address}"], tmp_path / "node-1.log",
+                                {**engine_env(), "RANKSCOPE_PYTHON": sys.executable})]
         try:
             codes = [p.wait(timeout=240) for p in procs]
         finally:
@@ -73,13 +75,16 @@ def test_two_hosts_train_as_one_run_with_node_0_hosting_the_rendezvous(tmp_path:
         assert [h.pids() for h in hosts] == [[], []]  # nothing left in either host
     (node1,) = (node1_dir / "runs").glob("mlp-synthetic-node-1-*")
     assert read_status(run_dir)["state"] == read_status(node1)["state"] == "completed"
-    assert sorted(read_rank_files(run_dir)) == [0] and sorted(read_rank_files(node1)) == [1]
+    assert sorted(read_rank_files(run_dir)) == [0, 1]
+    assert sorted(read_rank_files(node1)) == [2, 3]
+    assert sorted(rank_log_files(node1)) == [2, 3]  # torchrun's logs, by local rank
     start = events(run_dir, "run_start")[0]
-    assert start["world_size"] == 2 and start["nnodes"] == 2
+    assert start["world_size"] == 4 and start["nnodes"] == 2
     last = metrics(run_dir)[-1]
-    assert last["step"] == 30 and [r["node"] for r in last["ranks"]] == [0, 1]
+    assert last["step"] == 30 and [r["node"] for r in last["ranks"]] == [0, 0, 1, 1]
     assert "is_host=1" in read_status(run_dir)["command"]
     assert "is_host=0" in read_status(node1)["command"]
+    assert f"--local-addr {ADDRESSES[1]}" in read_status(node1)["command"]
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 30
 
 

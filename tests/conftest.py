@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # $XDG_CONFIG_HOME, default ~/.config): the tests and every process they start get a config
 # folder of their own.
 TEST_CONFIG_HOME = Path(tempfile.mkdtemp(prefix="rankscope-test-config-"))
+atexit.register(shutil.rmtree, TEST_CONFIG_HOME, ignore_errors=True)  # also at pytest's end:
+# pytest_unconfigure below ends the process without the atexit handlers
 os.environ["XDG_CONFIG_HOME"] = str(TEST_CONFIG_HOME)
 
 
@@ -219,6 +223,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     reported by now, so nothing is hidden by skipping that teardown; ``RANKSCOPE_TEST_TEARDOWN=1``
     keeps it, to look for the crash."""
     if _EXIT_STATUS and os.environ.get("RANKSCOPE_TEST_TEARDOWN") != "1":
+        shutil.rmtree(TEST_CONFIG_HOME, ignore_errors=True)
         config.get_terminal_writer().flush()  # the summary line is still in its buffer
         sys.stdout.flush()
         sys.stderr.flush()

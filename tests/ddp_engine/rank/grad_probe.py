@@ -21,8 +21,13 @@ def trained(ctx, accum: int, telemetry: bool
     """Weights after 3 steps, the steps' losses, and how far the weights moved."""
     cfg = RunConfig(optimizer="sgd", momentum=0.0, lr=0.5, max_steps=3, batch_size=8,
                     grad_accum=accum, telemetry=telemetry, dataset_args={"num_samples": 256})
-    folder = Path(tempfile.mkdtemp(prefix="grad-probe-"))
-    trainer = Trainer(cfg, ctx, folder, StopFlag.from_config(cfg, ctx.side_group))
+    with tempfile.TemporaryDirectory(prefix="grad-probe-") as folder:
+        trainer = Trainer(cfg, ctx, Path(folder), StopFlag.from_config(cfg, ctx.side_group))
+        return _three_steps(trainer, telemetry)
+
+
+def _three_steps(trainer: Trainer, telemetry: bool
+                 ) -> tuple[list[torch.Tensor], list[float], float]:
     assert (trainer.timer is not None) == telemetry
     trainer.sampler.set_epoch(0)
     batches = iter(trainer.loader)

@@ -65,7 +65,9 @@ def summarize(folder: Path, doctor_dir: Path | None = None) -> dict[str, Any]:
     ranks = [read_rank(path, rank) for rank, path in found.items()]
     world = max([int(t.meta.get("distributedInfo", {}).get("world_size") or 0) for t in ranks]
                 + [len(ranks)])
-    per_rank = [_rank_parts(t) for t in ranks]
+    parts_and_busy = [_rank_parts(t) for t in ranks]
+    per_rank = [parts for parts, _ in parts_and_busy]
+    busy = {t.rank: b for t, (_, b) in zip(ranks, parts_and_busy, strict=True)}
     calls = _calls_across(ranks)
     summary: dict[str, Any] = {
         "schema": SCHEMA,
@@ -79,7 +81,7 @@ def summarize(folder: Path, doctor_dir: Path | None = None) -> dict[str, Any]:
         "first_step": ranks[0].meta.get("rankscope", {}).get("first_step"),
         "step_time_ms": _r(statistics.fmean(p["step_time_ms"] for p in per_rank)),
         "per_rank": per_rank,
-        "collectives": _collective_table(ranks, calls),
+        "collectives": _collective_table(ranks, calls, busy),
         "last_to_arrive": _last_to_arrive(calls, [t.rank for t in ranks]),
         "bandwidth": _bandwidth(calls, world, ranks[0], doctor_dir or folder.parent.parent.parent),
     }
@@ -94,7 +96,10 @@ def write_summary(folder: Path, doctor_dir: Path | None = None) -> dict[str, Any
 
 
 # ------------------------------------------------------------------------- one rank's step
-def _rank_parts(t: RankTrace) -> dict[str, Any]:
+def _rank_parts(t: RankTrace) -> tuple[dict[str, Any], list[Interval]]:
+    """One rank's step in parts, and the time compute ran: what overlaps communication, for
+    the rank's overlapped share and each collective's exposed time alike (kernels other than
+    NCCL's on the GPU; on CPU operators outside the collective calls and the DataLoader)."""
     steps = union(t.steps)
     main = t.host.get(t.main, [])
     data = _spans_union(main, steps, lambda s: s.name.startswith("enumerate(DataLoader)"))
@@ -118,7 +123,7 @@ def _rank_parts(t: RankTrace) -> dict[str, Any]:
         "comm_ms": _r(comm_us / len(t.steps) / 1e3),
         "comm_overlapped_share": _r(1 - exposed_comm / comm_us, 3) if comm_us else None,
         "top_ops": _top_ops(t, steps),
-    }
+    }, compute_busy
 
 
 def _cpu_parts(t: RankTrace, steps: list[Interval], main: list[Span], data: list[Interval],
@@ -217,11 +222,12 @@ def _calls_across(ranks: list[RankTrace]) -> dict[tuple[str, str], list[list[Any
 
 
 def _collective_table(ranks: list[RankTrace], calls: dict[tuple[str, str], list[list[Any]]],
-                      ) -> list[dict[str, Any]]:
+                      busy: dict[int, list[Interval]]) -> list[dict[str, Any]]:
+    """Per collective kind and group; ``busy``: each rank's compute (:func:`_rank_parts`),
+    which a call's exposed time is not overlapped by."""
     rows = []
     n_ranks = len(ranks)
     steps = max(min(len(t.steps) for t in ranks), 1)
-    busy = {t.rank: _compute_busy(t) for t in ranks}  # once per rank
     for (group, kind), matched in sorted(calls.items(), key=lambda kv: kv[0]):
         mine = [c for t in ranks for c in t.calls if (c.group, c.kind) == (group, kind)]
         execs = [c.exec_span for c in mine if c.exec_span is not None]
@@ -247,16 +253,6 @@ def _collective_table(ranks: list[RankTrace], calls: dict[tuple[str, str], list[
             "matched": bool(matched),
         })
     return rows
-
-
-def _compute_busy(t: RankTrace) -> list[Interval]:
-    steps = union(t.steps)
-    main = t.host.get(t.main, [])
-    if t.on_gpu:
-        return intersect(union((k.start, k.end) for k in t.gpu
-                               if collective_kind(k.name) is None), steps)
-    return _spans_union(main, steps, lambda s: s.cat == "cpu_op"
-                        and collective_kind(s.name) is None)
 
 
 def _skew(row: list[Any]) -> tuple[int, float]:

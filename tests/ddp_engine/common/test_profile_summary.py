@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,11 @@ def test_the_ranks_parts_add_up_to_their_steps(folder: Path) -> None:
     by = {r["rank"]: r["parts_ms"] for r in s["per_rank"]}
     assert by[1]["idle"] > 15 and by[0]["idle"] < 5, by
     assert by[0]["comm_exposed"] > 15 > by[1]["comm_exposed"], by
+    # One meaning of "compute" for overlap: the collectives' exposed time per rank and step
+    # is the ranks' exposed communication (the gradient all-reduce is the only collective).
+    exposed = statistics.fmean(r["comm_ms"] * (1 - r["comm_overlapped_share"])
+                               for r in s["per_rank"])
+    assert sum(c["exposed_ms"] for c in s["collectives"]) == pytest.approx(exposed, rel=0.01)
 
 
 def test_the_rank_that_sleeps_in_forward_is_last_at_every_gradient_all_reduce(

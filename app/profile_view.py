@@ -41,6 +41,7 @@ FOLLOW_TIMEOUT_S = 300.0
 the reading of every rank's trace)."""
 ENDED_TIP = "The run has ended: profiles are taken from a live run"
 ASKING = "asking the ranks\u2026"
+UNDER_WAY = "a profile of this run is under way\u2026"
 
 
 def profile_tip(steps: int) -> str:
@@ -69,12 +70,13 @@ def run_of(folder: str | Path) -> Path:
 
 class ProfileTaker(QObject):
     """Ask a run for a profile and follow it to its summary, on a daemon thread: ``started``
-    (the started event: its "folder", "first_step", "steps"), then ``done`` (the summary) or
-    ``failed`` (one line: why)."""
+    (the run folder, the started event: its "folder", "first_step", "steps"), then ``done``
+    (the run folder, the summary) or ``failed`` (the run folder, one line: why). Profiles of
+    several runs may be under way at once, one thread each."""
 
-    started = Signal(object)  # dict
-    done = Signal(object)  # dict: the summary
-    failed = Signal(str)
+    started = Signal(object, object)  # Path, dict
+    done = Signal(object, object)  # Path, dict: the summary
+    failed = Signal(object, str)  # Path, why
 
     def start(self, run_dir: Path, steps: int) -> None:
         threading.Thread(target=self._take, args=(run_dir, steps), daemon=True,
@@ -84,12 +86,13 @@ class ProfileTaker(QObject):
         try:
             with Connection(run_dir) as conn:
                 asked = ask_profile(conn, steps, timeout_s=ASK_TIMEOUT_S)
-                self.done.emit(follow_profile(conn, asked, FOLLOW_TIMEOUT_S,
-                                              on_started=self.started.emit))
+                self.done.emit(run_dir, follow_profile(
+                    conn, asked, FOLLOW_TIMEOUT_S,
+                    on_started=lambda msg: self.started.emit(run_dir, msg)))
         except (ProtocolError, ProfileError, ValueError, OSError, EOFError) as e:
-            self.failed.emit(_one_line(e))
+            self.failed.emit(run_dir, _one_line(e))
         except Exception as e:  # the panel waits for an answer: it must get one
-            self.failed.emit(f"{type(e).__name__}: {_one_line(e)}")
+            self.failed.emit(run_dir, f"{type(e).__name__}: {_one_line(e)}")
 
 
 class SummaryReader(QObject):
@@ -161,8 +164,9 @@ class ProfilePanel(QWidget):
         self.hide()
         self.run_dir: Path | None = None
         self.ended = False
-        self.busy_for: Path | None = None
-        """The run a profile is being taken of (None: none under way)."""
+        self.busy: set[Path] = set()
+        """The runs a profile is being taken of (one each; another run shown meanwhile can be
+        profiled, and the one asked goes on in the background)."""
         self.summary: dict[str, Any] | None = None
         """The summary shown."""
         self.taker = ProfileTaker(self)
@@ -186,6 +190,10 @@ class ProfilePanel(QWidget):
         self._set_status("")
         self.hide()
         self._enable()
+        if run_dir in self.busy:  # asked while it was shown: the answer comes here
+            self._set_status(UNDER_WAY)
+            self.show()
+            return
         folders = profile_folders(run_dir) if run_dir is not None else []
         if folders:
             self._set_status(f"reading the profile in {folders[-1]}\u2026")
@@ -195,7 +203,7 @@ class ProfilePanel(QWidget):
     def refresh(self) -> None:
         """Read the run's latest profile again: one written meanwhile (asked from a
         terminal) replaces the one shown. Nothing while this panel takes one itself."""
-        if self.run_dir is None or self.busy_for is not None:
+        if self.run_dir is None or self.run_dir in self.busy:
             return
         folders = profile_folders(self.run_dir)
         if folders:
@@ -210,10 +218,10 @@ class ProfilePanel(QWidget):
 
     def take(self) -> bool:
         """Ask the run shown for a profile of ``steps`` steps (off the GUI thread); False if
-        nothing was started (no local run, the run ended, or one profile under way)."""
-        if self.run_dir is None or self.ended or self.busy_for is not None:
+        nothing was started (no local run, the run ended, or a profile of it under way)."""
+        if self.run_dir is None or self.ended or self.run_dir in self.busy:
             return False
-        self.busy_for = self.run_dir
+        self.busy.add(self.run_dir)
         self._enable()
         self._set_status(ASKING)
         self.show()
@@ -225,19 +233,22 @@ class ProfilePanel(QWidget):
         self.view.show_summary(summary)
         self.summary = summary
         self.view.show()
-        if self.busy_for is None:
+        if self.run_dir not in self.busy:
             self._set_status("")
         self.show()
         self.shown.emit(summary)
 
     def _enable(self) -> None:
-        can = self.run_dir is not None and not self.ended and self.busy_for is None
+        can = self.run_dir is not None and not self.ended and self.run_dir not in self.busy
         self.button.setEnabled(can)
         self.steps.setEnabled(can)
         if self.ended:
             self.button.setToolTip(ENDED_TIP)
         elif self.run_dir is None:
             self.button.setToolTip("Profiles are taken of a run started on this machine")
+        elif self.run_dir in self.busy:
+            self.button.setToolTip("A profile of this run is under way: its summary shows "
+                                   "below the charts when every rank has written its trace")
         else:
             self.button.setToolTip(profile_tip(self.steps.value()))
 
@@ -249,23 +260,23 @@ class ProfilePanel(QWidget):
         self.status.setText(text)
         self.status.setVisible(bool(text))
 
-    def _started(self, msg: dict[str, Any]) -> None:
-        if self.busy_for is not None and self.busy_for == self.run_dir:
+    def _started(self, run_dir: Path, msg: dict[str, Any]) -> None:
+        if run_dir == self.run_dir:
             self._set_status(recording_text(msg))
 
-    def _finished(self) -> bool:
-        """The profile under way is over; True if it was of the run shown."""
-        mine = self.busy_for is not None and self.busy_for == self.run_dir
-        self.busy_for = None
+    def _finished(self, run_dir: Path) -> bool:
+        """The profile of ``run_dir`` is over; True if it is the run shown (another run's is
+        read from its folder when that run is shown again)."""
+        self.busy.discard(run_dir)
         self._enable()
-        return mine
+        return run_dir == self.run_dir
 
-    def _taken(self, summary: dict[str, Any]) -> None:
-        if self._finished():
+    def _taken(self, run_dir: Path, summary: dict[str, Any]) -> None:
+        if self._finished(run_dir):
             self._show_or_say(summary)
 
-    def _failed(self, why: str) -> None:
-        if self._finished():
+    def _failed(self, run_dir: Path, why: str) -> None:
+        if self._finished(run_dir):
             self._set_status(f"Profile not taken: {why}")
 
     def _read(self, folder: Path, summary: dict[str, Any]) -> None:
@@ -273,7 +284,8 @@ class ProfilePanel(QWidget):
             self._show_or_say({**summary, "folder": str(folder)})  # where it is now
 
     def _read_failed(self, folder: Path, why: str) -> None:
-        if run_of(folder) == self.run_dir and self.summary is None and self.busy_for is None:
+        if (run_of(folder) == self.run_dir and self.summary is None
+                and self.run_dir not in self.busy):
             self._set_status(f"The profile in {folder} could not be read: {why}")
 
     def _show_or_say(self, summary: dict[str, Any]) -> None:

@@ -5,7 +5,10 @@ a broken one named, the Profile button's states, and a profile taken of a live 2
 from __future__ import annotations
 
 import gzip
+import json
+import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ from PySide6.QtCore import QPointF
 from PySide6.QtWidgets import QTableWidget
 
 from app.profile_tables import PARTS, rank_columns
-from app.profile_view import ENDED_TIP, ProfilePanel, ProfileTaker
+from app.profile_view import ENDED_TIP, UNDER_WAY, ProfilePanel, ProfileTaker
 from ddp_engine.common.profile_files import PROFILES_DIR, SUMMARY_FILE, profile_folders
 from ddp_engine.common.profile_summary import summarize
 from ddp_engine.common.protocol import MONITOR_FILE
@@ -159,7 +162,8 @@ def test_asking_a_folder_with_no_live_run_fails_with_the_reason(
     taker = ProfileTaker()
     with qtbot.waitSignal(taker.failed, timeout=10_000) as failed:
         taker.start(tmp_path, 3)
-    assert MONITOR_FILE in failed.args[0] and "\n" not in failed.args[0]
+    assert failed.args[0] == tmp_path
+    assert MONITOR_FILE in failed.args[1] and "\n" not in failed.args[1]
     # Through the panel: the reason in its status line, the button back.
     panel = _panel(qtbot)
     panel.set_run(tmp_path)
@@ -168,6 +172,34 @@ def test_asking_a_folder_with_no_live_run_fails_with_the_reason(
         assert not panel.isHidden() and panel.status.text() == "asking the ranks\u2026"
         assert not panel.button.isEnabled()
     assert panel.status.text().startswith("Profile not taken: ") and panel.button.isEnabled()
+
+
+def test_a_profile_under_way_of_one_run_leaves_another_free(qtbot, tmp_path: Path) -> None:  # noqa: ANN001
+    """Run A asked for a profile (its rank 0 here a socket that has not answered yet); run B
+    shown meanwhile can be profiled; A shown again says its profile is under way; A's answer
+    while B is shown changes nothing of B's."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for run in (a, b):
+        run.mkdir()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        (a / MONITOR_FILE).write_text(json.dumps({"host": "127.0.0.1", "port":
+                                                  server.getsockname()[1], "token": "t",
+                                                  "pid": os.getpid()}))
+        panel = _panel(qtbot)
+        panel.set_run(a)
+        assert panel.take() and not panel.button.isEnabled() and not panel.take()
+        panel.set_run(b)
+        assert panel.button.isEnabled() and panel.status.isHidden()
+        panel.set_run(a)
+        assert not panel.button.isEnabled() and panel.status.text() == UNDER_WAY
+        assert panel.button.toolTip().startswith("A profile of this run is under way")
+        panel.set_run(b)
+        with qtbot.waitSignal(panel.taker.failed, timeout=10_000) as failed:
+            server.accept()[0].close()  # A's rank 0 hangs up
+    assert failed.args[0] == a and panel.run_dir == b
+    assert panel.status.isHidden() and panel.button.isEnabled()
+    panel.set_run(a)
+    assert panel.button.isEnabled() and panel.status.isHidden()
 
 
 @pytest.mark.slow
@@ -182,7 +214,7 @@ def test_a_profile_of_a_live_run_is_taken_and_shown(qtbot, tmp_path: Path) -> No
         panel.set_run(run_dir)
         panel.steps.setValue(3)
         statuses: list[str] = []
-        panel.taker.started.connect(lambda _msg: statuses.append(panel.status.text()))
+        panel.taker.started.connect(lambda _run, _msg: statuses.append(panel.status.text()))
         with qtbot.waitSignal(panel.shown, timeout=240_000) as shown:
             panel.button.click()
         summary = shown.args[0]

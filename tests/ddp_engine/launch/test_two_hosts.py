@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -122,18 +123,29 @@ def stopped_at_one_step(run_dir: Path) -> int:
     return step
 
 
-def test_ddp_engine_stop_on_node_1_stops_both_hosts_at_one_step(tmp_path: Path) -> None:
-    """As a user on the second machine types it (node 1's folder has no telemetry: the stop
-    command signals node 1's launcher, as scancel or docker stop would): every rank on both
-    hosts stops after the same step, rank 0 (on node 0) saves, nothing is left in either."""
+@pytest.mark.parametrize("how", ["ddp_engine stop", "Ctrl+C"])
+def test_a_stop_on_node_1_stops_both_hosts_at_one_step(tmp_path: Path, how: str) -> None:
+    """As a user on the second machine types it: ``ddp_engine stop`` (node 1's folder has no
+    telemetry: the command signals node 1's launcher, as scancel or docker stop would), or
+    Ctrl+C in node 1's terminal (SIGINT to its launcher). Every rank on both hosts stops after
+    the same step, rank 0 (on node 0) saves, nothing is left in either; each node's reason
+    says who asked."""
     with training_on_two_hosts(tmp_path) as (hosts, procs, run_dir):
-        got = hosts[1].run([sys.executable, "-m", "ddp_engine", "stop",
-                            str(run_dir / "node-1")], engine_env())
+        if how == "Ctrl+C":
+            procs[1].send_signal(signal.SIGINT)
+        else:
+            got = hosts[1].run([sys.executable, "-m", "ddp_engine", "stop",
+                                str(run_dir / "node-1")], engine_env())
         codes = [p.wait(timeout=120) for p in procs]
         assert codes == [0, 0], logs(tmp_path)
         assert [h.pids() for h in hosts] == [[], []]
     step = stopped_at_one_step(run_dir)
-    assert got.returncode == 0 and got.stdout.startswith(f"stopped at step {step}"), got
+    if how == "Ctrl+C":
+        for folder, asker in ((run_dir, "a stop signal to"), (run_dir / "node-1", "SIGINT to")):
+            assert read_status(folder)["reason"] == (
+                f"stop requested ({asker} node 1's launcher); all ranks stopped at step {step}")
+    else:
+        assert got.returncode == 0 and got.stdout.startswith(f"stopped at step {step}"), got
 
 
 def test_the_app_on_node_1_attaches_to_rank_0_on_node_0_and_stops_the_run(

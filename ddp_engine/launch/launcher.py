@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import socket
 import sys
@@ -76,6 +77,12 @@ def _environment(extra: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+AFTER_ROOT_CHARS = 120
+"""How much of a failed rank's error the reason quotes after the root cause's."""
+_SOURCE_PLACE = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|cu|h|hpp):\d+\]\s*")
+"""A C++ source place in an error (gloo's "[/__w/pytorch/.../pair.cc:537] ")."""
+
+
 def _failure_reason(failures: dict[int, Any], root: int, logs: dict[int, Path] | None = None,
                     timeout_s: float = 0.0) -> tuple[str, dict[str, Any]]:
     """A one-line reason naming each failed rank (the root cause first), and per-rank exit
@@ -114,7 +121,11 @@ def _failure_reason(failures: dict[int, Any], root: int, logs: dict[int, Path] |
                     else f"exit code {exitcode}")
             entry["error"] = text
             texts.add(text)
-            parts.append(f"rank {rank} failed: {text}")
+            # After the root cause, a rank's own error is most often its consequence (gloo's
+            # "Connection reset by peer"): briefly; the whole of it is in "ranks" and its log.
+            said = text if rank == root else one_line(
+                _SOURCE_PLACE.sub("", one_line(raw)), AFTER_ROOT_CHARS)
+            parts.append(f"rank {rank} failed: {said}")
     if timed_out:
         part = timeout_part(timed_out, signalled, lines[0] if lines else None, timeout_s)
         parts[parts.index("")] = part

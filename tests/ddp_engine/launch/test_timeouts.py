@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ddp_engine.launch.launcher import _failure_reason
+from ddp_engine.launch.launcher import AFTER_ROOT_CHARS, _failure_reason
 from ddp_engine.launch.timeouts import watchdog_line
 
 WATCHDOG = ("[rank0]:[E1205 10:00:00.000000 123 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog "
@@ -70,3 +71,30 @@ def test_a_long_watchdog_line_is_shortened(tmp_path: Path) -> None:
     line = watchdog_line(_log(tmp_path, 0, WATCHDOG + " " + "x" * 500))
     assert line is not None and len(line) == 200 and line.endswith("…")
     assert line.startswith("Watchdog caught collective operation timeout: WorkNCCL(")
+
+
+def _raised(tmp_path: Path, rank: int, message: str) -> ProcessFailure:
+    """torchrun's record of a rank that raised ``message`` (its error file, as torch's
+    @record writes it)."""
+    path = tmp_path / f"error-{rank}.json"
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {
+        "py_callstack": "Traceback ...", "timestamp": "1765000000"}}}))
+    return ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=1, error_file=str(path))
+
+
+def test_after_the_root_cause_another_ranks_error_is_brief(tmp_path: Path) -> None:
+    """The peer of a rank that raised fails in gloo: said after the root cause, short and
+    without gloo's source place; its whole error stays in the details."""
+    gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+            "Read error [127.0.0.1]:13990: Connection reset by peer. This is typically caused by "
+            "a remote worker hanging or bugs in the application. Check the logs of the remote "
+            "worker before reporting an error. GLHF!")
+    failures = {1: _raised(tmp_path, 1, "RuntimeError: rank 1 saw a bad batch"),
+                0: _raised(tmp_path, 0, gloo)}
+    reason, details = _failure_reason(failures, 1, {}, 60.0)
+    first, second = reason.split("; ")
+    assert first == "rank 1 failed: RuntimeError: rank 1 saw a bad batch"
+    assert second.startswith("rank 0 failed: RuntimeError: Read error [127.0.0.1]:13990: "
+                             "Connection reset by peer.") and second.endswith("…"), second
+    assert len(second) == len("rank 0 failed: ") + AFTER_ROOT_CHARS
+    assert details["0"]["error"].startswith("RuntimeError: [/__w/pytorch/")

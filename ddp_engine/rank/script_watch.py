@@ -125,6 +125,7 @@ class ScriptWatch:
         self._said: dict[str, str] = {}
         self._scaled: tuple[int, torch.Tensor] | None = None  # (id of a scaled loss, unscaled)
         self._finished = False
+        self._began = False  # training began: the first report's interval starts there
 
     # ------------------------------------------------------------------------- install
     def install(self) -> None:
@@ -303,8 +304,7 @@ class ScriptWatch:
         if not torch.is_grad_enabled():
             return  # an evaluation pass (no_grad): not a training step's batch
         now = time.perf_counter()
-        if self.step == 0 and self._idle_since is None:
-            self._interval.start = now  # the first report's rates start with training
+        self._training_begins(now)
         if self._idle_since is not None and self.timer is not None and not self._in_opt:
             self.timer.add_data_wait(now - self._idle_since)
         self._idle_since = None
@@ -316,6 +316,13 @@ class ScriptWatch:
             self._opt_stamp = None
         self._forward_stamp = stamp
 
+    def _training_begins(self, now: float) -> None:
+        """The first report's interval starts with training: the first training forward or
+        optimizer step, whichever comes first (its parts are timed from then too)."""
+        if self.step == 0 and not self._began:
+            self._interval.start = now
+            self._began = True
+
     def _after_forward(self) -> None:
         if self.timer is not None and self._forward_stamp is not None and \
                 torch.is_grad_enabled():
@@ -326,6 +333,7 @@ class ScriptWatch:
         if self.steps.before(optimizer):
             close_pending(self)  # the counting optimizer again: its last step ends first
         if self._opt_owner is None:  # an optimizer's time (not one nested in another's)
+            self._training_begins(time.perf_counter())  # LBFGS: its closure's forward is later
             self._opt_owner, self._in_opt, self._opt_loss_seen = optimizer, True, False
             self._phase("optimizer")
             self._opt_stamp = self.timer.stamp() if self.timer is not None else None

@@ -1,11 +1,13 @@
 """A closure optimizer: LBFGS on a DDP model, whose ``optimizer.step(closure)`` runs forward
 and backward several times inside one step (as Lightning's automatic optimization runs its
-closure). Rank 0 writes the loss each step returned (the closure's first evaluation) and the
+closure; --closure-work-s: work in the closure before its forward, such as a batch's
+preparation). Rank 0 writes the loss each step returned (the closure's first evaluation) and the
 final weights to --out. It never imports rankscope."""
 
 import argparse
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--closure-work-s", type=float, default=0.0)
     args = p.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -33,6 +36,7 @@ def main() -> None:
 
         def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
             opt.zero_grad()
+            time.sleep(args.closure_work_s)
             loss = F.mse_loss(model(x), y)
             loss.backward()
             return loss

@@ -174,19 +174,26 @@ def assert_breakdown_within_step(run_dir: Path) -> None:
             assert parts <= 1.05 * r["step_time_s"] + 1e-4, (m["step"], r)
 
 
-def stop_run(tmp_path: Path, script: Path, *args: str, how: str,
-             reports: int = 3) -> tuple[Path, list[psutil.Process]]:
+def stop_run(tmp_path: Path, script: Path, *args: str, how: str, reports: int = 3,
+             processes: int = 0) -> tuple[Path, list[psutil.Process]]:
     """A script run that trains until stopped, started in its own session (its own process
     group, as a terminal's job or the app's launch), stopped ``how`` (one of STOPS) once it
-    reported ``reports`` times. Returns its run folder and every process the launcher had
-    started, which must all be gone by then."""
+    reported ``reports`` times and the launcher's process tree holds at least ``processes``
+    (DataLoader workers come and go between epochs). Returns its run folder and every
+    process the launcher had started then, which must all be gone by the end."""
     run_dir = tmp_path / "run"
     log = tmp_path / "out.log"
     proc = start_engine("launch", "--script", str(script), "--nproc", "2", "--run-dir",
                         str(run_dir), "--", *args, log=log)
     try:
         wait_for(lambda: len(metrics(run_dir)) >= reports, 180, f"{reports} reports")
-        children = psutil.Process(proc.pid).children(recursive=True)
+        children: list[psutil.Process] = []
+
+        def seen() -> bool:
+            children[:] = psutil.Process(proc.pid).children(recursive=True)
+            return len(children) >= processes or proc.poll() is not None
+
+        wait_for(seen, 60, f"{processes} processes under the launcher")
         if how == "socket":
             stopped = run_engine("stop", str(run_dir))
             assert stopped.returncode == 0, stopped.stdout + stopped.stderr

@@ -82,7 +82,7 @@ def test_the_tutorial_with_dataloader_workers_stops_at_one_step(tmp_path: Path,
     reach no worker, whichever way it is asked for."""
     run_dir, children = stop_run(tmp_path, SCRIPTS / "workers_tutorial.py", "--out",
                                  str(tmp_path / "out"), "--epochs", "100000", "--samples",
-                                 "8192", how=how)
+                                 "8192", how=how, processes=4)
     state = assert_stopped_at_one_step(run_dir, children)
     assert state["source"] == "script"
     torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(),

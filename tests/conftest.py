@@ -207,7 +207,11 @@ def fake_launcher() -> Iterator[psutil.Process]:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
                              "ddp_engine"], start_new_session=True)
     try:
-        yield psutil.Process(proc.pid)
+        process = psutil.Process(proc.pid)
+        # Until it has exec'd, the child shows pytest's command line, not a launcher's (a
+        # loaded machine in CI caught a liveness check in that moment).
+        wait_for(lambda: "ddp_engine" in process.cmdline(), 30, "the stand-in launcher")
+        yield process
     finally:
         proc.kill()
         proc.wait()

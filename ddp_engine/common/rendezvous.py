@@ -27,6 +27,12 @@ def bind_error(host: str, port: int) -> OSError | None:
     return None
 
 
+def _not_here(e: OSError | None) -> bool:
+    """Whether :func:`bind_error` says the address is not one of this machine's (or does not
+    resolve)."""
+    return isinstance(e, socket.gaierror) or (e is not None and e.errno == errno.EADDRNOTAVAIL)
+
+
 def check_host_endpoint(cfg: RunConfig) -> None:
     """Node 0 is about to host the rendezvous store at ``rdzv_endpoint``: the address must be
     one of this machine's, and the port free.
@@ -66,7 +72,7 @@ def check_monitor_address(cfg: RunConfig) -> None:
         return
     host, port = cfg.monitor_host, cfg.monitor_port
     e = bind_error(host, port)
-    if isinstance(e, socket.gaierror) or (e is not None and e.errno == errno.EADDRNOTAVAIL):
+    if _not_here(e):
         raise ConfigError(
             f"monitor_host: {host} is not an address of this machine (node 0, where rank 0 "
             f"serves telemetry): give 127.0.0.1 (this machine only), one of its addresses "
@@ -117,7 +123,7 @@ def check_local_addr(cfg: RunConfig) -> None:
     if not cfg.multi_node or not cfg.local_addr:
         return
     e = bind_error(cfg.local_addr.strip(), 0)
-    if isinstance(e, socket.gaierror) or (e is not None and e.errno == errno.EADDRNOTAVAIL):
+    if _not_here(e):
         raise ConfigError(
             f"local_addr: {cfg.local_addr} is not an address of this machine (node "
             f"{cfg.node_rank}): give this node's own address, the one the other nodes reach "

@@ -178,13 +178,13 @@ def cmd_status(ns: argparse.Namespace) -> int:
         with contextlib.suppress(ProtocolError):
             live = read_monitor_file(ns.run_dir)
             host = data.get("hostname") or "THIS-HOST"
-            listen, port = live.get("listen", live["host"]), live["port"]
+            listen, port = live["listen"], live["port"]
             print(f"telemetry: {live['host']}:{port}  token: {live['token']}")
-            if listen in ("127.0.0.1", "::1", "localhost"):
+            if listen in ("127.0.0.1", "localhost"):
                 print(f"  from another machine: ssh -N -L {port}:127.0.0.1:{port} {host}, then "
                       f"in the app: Attach to remote rank 0, 127.0.0.1, {port}, the token")
             else:  # --monitor-host: reached directly
-                where = host if listen in ("0.0.0.0", "::") else listen
+                where = host if listen == "0.0.0.0" else listen
                 print(f"  from another machine: in the app, Attach to remote rank 0, {where}, "
                       f"{port}, the token")
     return 0

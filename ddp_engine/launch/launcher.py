@@ -308,11 +308,16 @@ def _cut_off_if_lost(ending: _Ending) -> None:
         os._exit(code)
 
 
+def _node_range(plan: Plan) -> range:
+    """This node's ranks, as the run numbers them."""
+    world = plan.cfg.nproc or 1
+    return range(plan.cfg.node_rank * world, (plan.cfg.node_rank + 1) * world)
+
+
 def _node_ranks(plan: Plan, run_dir: Path) -> dict[int, dict[str, Any]]:
     """This node's rank files, by global rank. Only this node's: a node started without a
     folder of its own (a plain torchrun script) writes its ranks' files into rank 0's."""
-    world = plan.cfg.nproc or 1
-    mine = range(plan.cfg.node_rank * world, (plan.cfg.node_rank + 1) * world)
+    mine = _node_range(plan)
     return {r: d for r, d in read_rank_files(run_dir).items() if r in mine}
 
 
@@ -325,13 +330,12 @@ def _conclude(ending: _Ending, final: dict[str, Any], code: int, leftover: list[
     status, out = ending.status, ending.out
     signals_seen = signals.seen
 
-    world = plan.cfg.nproc or 1  # this node's ranks
-    mine = range(plan.cfg.node_rank * world, (plan.cfg.node_rank + 1) * world)
+    mine = _node_range(plan)
     ranks = _node_ranks(plan, run_dir)
     states = {r: d.get("state") for r, d in ranks.items()}
     step = max([d["step"] for d in ranks.values() if isinstance(d.get("step"), int)]
                + [monitor.last_step])
-    all_ranks = len(states) == world
+    all_ranks = len(states) == len(mine)
     if final.get("state") in ("completed", "stopped"):
         # Stopped by a signal: torchrun's (escalated, the agent raised) or the agreed stop it
         # asked for (the agent then ended normally).

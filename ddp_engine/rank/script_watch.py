@@ -304,7 +304,8 @@ class ScriptWatch:
         if not torch.is_grad_enabled():
             return  # an evaluation pass (no_grad): not a training step's batch
         now = time.perf_counter()
-        self._training_begins(now)
+        if not self._began:
+            self._training_begins(now)
         if self._idle_since is not None and self.timer is not None and not self._in_opt:
             self.timer.add_data_wait(now - self._idle_since)
         self._idle_since = None
@@ -333,7 +334,8 @@ class ScriptWatch:
         if self.steps.before(optimizer):
             close_pending(self)  # the counting optimizer again: its last step ends first
         if self._opt_owner is None:  # an optimizer's time (not one nested in another's)
-            self._training_begins(time.perf_counter())  # LBFGS: its closure's forward is later
+            if not self._began:  # LBFGS: its closure's forward comes later
+                self._training_begins(time.perf_counter())
             self._opt_owner, self._in_opt, self._opt_loss_seen = optimizer, True, False
             self._phase("optimizer")
             self._opt_stamp = self.timer.stamp() if self.timer is not None else None

@@ -114,8 +114,7 @@ class Telemetry:
 
     def _listen(self, host: str, port: int) -> None:
         try:
-            listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
-                                            else socket.AF_INET)
+            listener = socket.create_server((host, port))  # IPv4: RunConfig refuses IPv6
         except OSError as e:  # taken between the launcher's check and now
             self._sel.close()
             self._wake_r.close()
@@ -130,7 +129,7 @@ class Telemetry:
         # "host" is where a viewer on this machine connects; "listen", what other machines
         # may reach (127.0.0.1: none of them).
         atomic_write_json(self.run_dir / MONITOR_FILE, {
-            "host": "127.0.0.1" if host in ("0.0.0.0", "::", "") else host,
+            "host": "127.0.0.1" if host == "0.0.0.0" else host,
             "listen": host, "port": self.port, "token": self.token, "pid": os.getpid(),
             "hostname": socket.gethostname(), "started": time.time()})
         os.chmod(self.run_dir / MONITOR_FILE, 0o600)

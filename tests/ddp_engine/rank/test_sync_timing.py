@@ -42,24 +42,28 @@ def _probe(script: str, key: str) -> dict:
 
 
 @pytest.mark.slow
-def test_sync_time_agrees_with_profiler_and_ddp_logging_on_cpu() -> None:
-    """Same 20 steps: our hook's all-reduce time vs torch.profiler's gloo:all_reduce spans
-    (their union: buckets overlap) within 20%, and vs DDP's avg_backward_comm_time; the
-    reducer timers' samples (the default source) against both."""
+def test_sync_time_lies_between_the_profilers_spans_and_ddps_own_timers_on_cpu() -> None:
+    """Same 20 steps, three measures of the gradient all-reduce, in the order their definitions
+    put them (each one's interval holds the one before):
+    - torch.profiler's ``gloo:all_reduce`` spans (their union: buckets overlap) time gloo's
+      worker thread running the collective, from when it picks it up;
+    - our hook times each bucket from DDP handing it over to its result, so the wait in
+      gloo's queue too (a few ms a bucket on a loaded machine);
+    - DDP's reducer timers (the default source, issue 29) run from the first bucket handed
+      over to the end of backward, gaps between buckets included.
+    A hook that timed only the launch reads far below the spans; one that summed overlapping
+    buckets reads above the reducer's interval that contains them all."""
     result = _probe("sync_probe.py", "ours_sync_s")
     ours, profiler = result["ours_sync_s"], result["profiler_s"]["union"]
-    assert ours > 0 and profiler > 0
-    assert abs(ours - profiler) / profiler < 0.20, result
-    ddp = result["ddp_avg_backward_comm_time_s"]
-    if ddp > 0:  # private API: a cross-check, not the reference
-        assert 0.5 < result["ours_mean_sync_s"] / ddp < 2.0, result
-    # The default source (issue 29): DDP's reducer timers, one sample per iteration here, read
-    # after each step. Its comm time runs from the first bucket handed over to the last
-    # reduced (gaps between buckets included), so it is at least the spans' union and close
-    # to it; its exposed part is close to the hook's.
-    reducer = result["reducer_sync"]
+    reducer = result["reducer_sync"]  # one sample per step, read after it
     assert all(v is not None and v > 0 for v in reducer), reducer
-    assert 0.8 < sum(reducer) / profiler < 1.4, (sum(reducer), profiler, result)
+    assert ours > 0 and profiler > 0
+    assert 0.8 * profiler < ours < 1.05 * sum(reducer), (sum(reducer), result)
+    assert sum(reducer) < 2.0 * profiler, (sum(reducer), result)  # not the whole backward
+    ddp = result["ddp_avg_backward_comm_time_s"]
+    if ddp > 0:  # private API, over other steps (DDP's first ten): a cross-check
+        assert 0.5 < result["ours_mean_sync_s"] / ddp < 2.0, result
+    # The exposed part (after backward compute ended) of the two sources is close.
     exposed = [v for v in result["reducer_exposed"] if v is not None]
     assert len(exposed) == len(reducer)
     assert 0.5 < (sum(exposed) / len(exposed)) / result["ours_mean_exposed_s"] < 2.0, result

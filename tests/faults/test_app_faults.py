@@ -26,7 +26,7 @@ def test_the_app_killed_mid_run_leaves_it_training_and_the_next_start_reattaches
         qtbot, open_window, tmp_path: Path, observed: list[str]) -> None:
     runs_dir = tmp_path / "runs"
     preset = tmp_path / "p.toml"
-    preset.write_text(f'loss = "{SLOW_LOSS}"\nmax_steps = 1500\nnproc = 2\ndevice = "cpu"\n'
+    preset.write_text(f'loss = "{SLOW_LOSS}"\nmax_steps = 800\nnproc = 2\ndevice = "cpu"\n'
                       f'runs_dir = "{runs_dir}"\nlog_every = 10\n')
     app = subprocess.Popen([sys.executable, "main.py", "--runs-dir", str(runs_dir), "--config",
                             str(preset), "--start"], cwd=REPO,
@@ -54,10 +54,10 @@ def test_the_app_killed_mid_run_leaves_it_training_and_the_next_start_reattaches
     attached_at = read_status(run_dir)["step"]
     with qtbot.waitSignal(w.controller.finished, timeout=240_000) as sig:
         pass
-    assert sig.args[0]["state"] == "completed" and sig.args[0]["step"] == 1500
-    assert w.store.info.step == 1500 and w.store.mean_loss.x[0] == 10
+    assert sig.args[0]["state"] == "completed" and sig.args[0]["step"] == 800
+    assert w.store.info.step == 800 and w.store.mean_loss.x[0] == 10
     assert not processes_mentioning(str(run_dir))
     observed.append(f"killed at step {step}; the run went on ({summary.state}, live, "
                     f"{time.monotonic() - killed_at:.0f} s later); a new window re-attached at "
                     f"step {attached_at} with the history from step 10 and saw it complete at "
-                    "1500; no process left")
+                    "800; no process left")

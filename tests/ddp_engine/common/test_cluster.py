@@ -237,21 +237,3 @@ def test_the_slurm_script_trains_two_nodes_into_the_jobs_run_folder(tmp_path: Pa
     _full_run_folder(run_dir / "node-1", 1)
     _metrics_of_both_nodes(run_dir)
     assert (run_dir / "checkpoints" / "last.pt").is_file()
-
-
-@pytest.mark.slow
-def test_a_node_started_by_its_script_joins_a_node_started_by_the_app(
-        tmp_path: Path) -> None:
-    """Node 0 as the app starts it (the launcher, a run folder the app names), node 1 from the
-    script the Cluster scripts dialog shows: one run."""
-    from tests.conftest import start_engine
-
-    cfg = _config()
-    run_dir = tmp_path / "run"
-    node0 = start_engine("launch", *cfg.to_argv(), "--run-dir", str(run_dir),
-                         log=tmp_path / "node-0.log")
-    node1 = _start(node_script(cfg, 1), tmp_path / "node-1", _env(tmp_path))
-    _finish([node0, node1], [tmp_path / "node-0.log", tmp_path / "node-1" / "out.log"], 120)
-    _metrics_of_both_nodes(run_dir)
-    (node1_dir,) = (tmp_path / "node-1" / "runs").glob("mlp-synthetic-node-1-*")
-    _full_run_folder(node1_dir, 1)

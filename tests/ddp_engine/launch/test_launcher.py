@@ -237,34 +237,6 @@ def _log(tmp_path: Path) -> str:
                      for k in (0, 1))
 
 
-def test_two_nodes_on_one_machine_train_as_one_run_of_four_ranks(tmp_path: Path) -> None:
-    with two_nodes(tmp_path, "--log-every", "5", steps=30) as (procs, run_dir):
-        codes = [p.wait(timeout=240) for p in procs]
-    assert codes == [0, 0], _log(tmp_path)
-    node1 = run_dir / "node-1"
-    assert read_status(run_dir)["state"] == "completed"
-    assert read_status(node1)["state"] == "completed"
-    assert read_status(node1)["step"] == 30
-    # Ranks are numbered by node: 0 and 1 on node 0, 2 and 3 on node 1, each in its folder.
-    assert sorted(read_rank_files(run_dir)) == [0, 1]
-    assert sorted(read_rank_files(node1)) == [2, 3]
-    assert {d["local_rank"] for d in read_rank_files(node1).values()} == {0, 1}
-    # Global rank 0 writes the metrics, of every rank of both nodes, and the checkpoint.
-    last = metrics(run_dir)[-1]
-    assert last["step"] == 30
-    assert [(r["rank"], r["node"], r["local_rank"]) for r in last["ranks"]] == [
-        (0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
-    assert all(r["host"] for r in last["ranks"])
-    start = events(run_dir, "run_start")[0]
-    assert start["world_size"] == 4 and start["nnodes"] == 2
-    assert (run_dir / "checkpoints" / "last.pt").is_file()
-    assert not (node1 / "metrics.jsonl").exists()
-    assert list((node1 / "checkpoints").iterdir()) == []
-    assert "c10d" in read_status(run_dir)["command"]
-    assert "node 1: ranks 2, 3 at step" in (tmp_path / "node-1.log").read_text()
-    assert_no_process_left(run_dir)
-
-
 def test_a_stop_at_rank_0_stops_both_nodes_at_one_step(tmp_path: Path) -> None:
     """The app's Stop (here the CLI's, the same stop command over the telemetry socket) goes
     to global rank 0 on node 0; every rank on both nodes stops after the same step."""

@@ -78,11 +78,19 @@ def test_two_hosts_train_as_one_run_with_node_0_hosting_the_rendezvous(tmp_path:
     assert read_status(run_dir)["state"] == read_status(node1)["state"] == "completed"
     assert sorted(read_rank_files(run_dir)) == [0, 1]
     assert sorted(read_rank_files(node1)) == [2, 3]
+    assert {d["local_rank"] for d in read_rank_files(node1).values()} == {0, 1}
     assert sorted(rank_log_files(node1)) == [2, 3]  # torchrun's logs, by local rank
     start = events(run_dir, "run_start")[0]
     assert start["world_size"] == 4 and start["nnodes"] == 2
+    # Global rank 0 writes the metrics, of every rank of both nodes, and the checkpoint.
     last = metrics(run_dir)[-1]
-    assert last["step"] == 30 and [r["node"] for r in last["ranks"]] == [0, 0, 1, 1]
+    assert last["step"] == 30
+    assert [(r["rank"], r["node"], r["local_rank"]) for r in last["ranks"]] == [
+        (0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert all(r["host"] for r in last["ranks"])
+    assert not (node1 / "metrics.jsonl").exists()
+    assert list((node1 / "checkpoints").iterdir()) == []
+    assert "node 1: ranks 2, 3 at step" in (tmp_path / "node-1.log").read_text()
     assert "is_host=1" in read_status(run_dir)["command"]
     assert "is_host=0" in read_status(node1)["command"]
     assert f"--local-addr {ADDRESSES[1]}" in read_status(node1)["command"]

@@ -93,9 +93,11 @@ def test_the_tutorial_with_dataloader_workers_stops_at_one_step(tmp_path: Path,
 def test_a_rank_0_epilogue_longer_than_the_side_groups_timeout_completes(
         tmp_path: Path, reference) -> None:
     """Rank 0 evaluates and saves for 8 s after training while rank 1 goes on to
-    destroy_process_group; Rankscope's own collectives time out after 5 s here."""
+    destroy_process_group. The script's process group times out after 5 s, and so Rankscope's
+    side group (its timeout is the script's at the least, --dist-timeout-s here 5 s too): a
+    collective of ours at the script's end would fail rank 1 before rank 0 got there."""
     plain, out, run_dir = _watched(tmp_path, reference, "rank0_epilogue", "--epilogue-s", "8",
-                                   extra=("--dist-timeout-s", "5"))
+                                   "--pg-timeout-s", "5", extra=("--dist-timeout-s", "5"))
     _same_run(plain, out, run_dir)
     assert {d["state"] for d in read_rank_files(run_dir).values()} == {"completed"}
 

@@ -1,9 +1,11 @@
 """A DDP script whose rank 0 evaluates and saves after training while the other ranks go
 straight on to destroy_process_group, as many scripts end. The evaluation takes --epilogue-s
-seconds. Rank 0 writes its loss of every step and the final weights to --out. It never imports
+seconds; --pg-timeout-s sets the process group's timeout (torch's default when not given).
+Rank 0 writes its loss of every step and the final weights to --out. It never imports
 rankscope."""
 
 import argparse
+import datetime
 import json
 import os
 import time
@@ -20,9 +22,11 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--epilogue-s", type=float, default=10.0)
+    p.add_argument("--pg-timeout-s", type=float, default=None)
     args = p.parse_args()
 
-    dist.init_process_group(backend="gloo")
+    timeout = None if args.pg_timeout_s is None else datetime.timedelta(seconds=args.pg_timeout_s)
+    dist.init_process_group(backend="gloo", timeout=timeout)
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = DDP(nn.Linear(12, 1))

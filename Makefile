@@ -72,7 +72,7 @@ gpu-check:
 # Every benchmark of docs/BENCHMARKS.md, one after the other (about 20 minutes on 2 cores).
 # Each prints its measurements; nothing else may run meanwhile (ratios, but a noisy machine).
 BENCHES = telemetry_overhead step_costs step_toggles report_cost launch_latency stop_latency \
-	window_startup ingest_draw long_history frame_parts runs_index
+	window_startup ingest_draw long_history frame_parts runs_index node_watch_cost
 bench: install
 	@for b in $(BENCHES); do echo "== bench/$$b.py"; \
 	  QT_QPA_PLATFORM=offscreen $(PY) bench/$$b.py || exit 1; done

@@ -22,7 +22,6 @@ import dataclasses
 import os
 import re
 import signal
-import socket
 import sys
 import threading
 import time
@@ -192,7 +191,7 @@ def launch(cfg: RunConfig, *, out: TextIO = sys.stdout) -> int:
     monitor.asked_signal = lambda: signals.asked.name if signals.asked else None
     ending = _Ending(plan, run_dir, status, monitor, signals, out)
     if plan.cfg.multi_node:
-        ending.watch = NodeWatch(plan.cfg, plan.cfg.local_addr or socket.gethostname())
+        ending.watch = NodeWatch(plan.cfg, plan.cfg.local_addr)
         ending.watch.start()
         monitor.each_poll.append(partial(_cut_off_if_lost, ending))
     monitor.start()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -44,10 +45,12 @@ class NodeWatch(threading.Thread):
 
     Args:
         cfg: the run's config (nnodes > 1): node rank, rendezvous endpoint and id.
-        address: this node's address as the others reach it, to name it in their reasons.
+        address: this node's address as the others reach it, to name it in their reasons
+            (``--local-addr``); None: the address this machine reaches node 0's store from,
+            found at the first beat (the host name where no route to it is known).
     """
 
-    def __init__(self, cfg: RunConfig, address: str, beat_s: float = BEAT_S) -> None:
+    def __init__(self, cfg: RunConfig, address: str | None, beat_s: float = BEAT_S) -> None:
         super().__init__(name="rankscope-node-watch", daemon=True)
         self.node = cfg.node_rank
         self.nnodes = cfg.nnodes
@@ -112,6 +115,8 @@ class NodeWatch(threading.Thread):
             store = TCPStore(self.host, self.port, is_master=False,
                              timeout=timedelta(seconds=OP_TIMEOUT_S))
             if self.node != 0:
+                if self.address is None:
+                    self.address = route_address(self.host, self.port) or socket.gethostname()
                 store.set(f"{self.key}{self.node}.addr", self.address)
             self._store = store
         return self._store
@@ -172,3 +177,13 @@ class NodeWatch(threading.Thread):
             return None
         return self.lost_text(now)
 
+
+def route_address(host: str, port: int) -> str | None:
+    """This machine's IPv4 address on the route to ``host``: the one the kernel sends from
+    (a UDP socket's connect picks the route and sends nothing). None where there is none."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None

@@ -57,6 +57,17 @@ def test_node_0_hears_the_others_and_names_the_silent_one(endpoint: str) -> None
     assert node0.ended == {1: "completed"} and node0.lost(later) == {}
 
 
+def test_a_node_without_local_addr_is_named_by_its_address_on_the_route_to_node_0(
+        endpoint: str) -> None:
+    """No --local-addr: node 1 names itself by the address it reaches node 0's store from (here
+    loopback's), not by its host name, which on a cluster rarely says which link was lost."""
+    node0 = _watch(endpoint, 0, nnodes=2)
+    node1 = NodeWatch(RunConfig(nnodes=2, node_rank=1, rdzv_endpoint=endpoint), None)
+    node1.poll_once()
+    node0.poll_once()
+    assert node1.address == node0.addresses[1] == "127.0.0.1"
+
+
 def test_a_node_cut_off_from_node_0_ends_once_its_ranks_are_gone(endpoint: str) -> None:
     node1 = _watch(endpoint, 1, nnodes=2)
     node1.poll_once()

@@ -34,13 +34,16 @@ MONITOR_PORT = 29600
 
 
 def launch_on(host: Host, node: int, run_dir: Path, log: Path, *extra: str,
-              endpoint: str = f"{ADDRESSES[0]}:{PORT}", nproc: int = 1
-              ) -> subprocess.Popen[bytes]:
+              endpoint: str = f"{ADDRESSES[0]}:{PORT}", nproc: int = 1,
+              local_addr: bool = True) -> subprocess.Popen[bytes]:
+    """The launcher of node ``node`` in ``host``, given --local-addr, or without it gloo's
+    interface set by hand (GLOO_SOCKET_IFNAME), as a user without --local-addr does."""
+    where = (["--local-addr", host.address] if local_addr else [])
+    env = engine_env() if local_addr else {**engine_env(), "GLOO_SOCKET_IFNAME": host.interface}
     return host.popen([sys.executable, "-m", "ddp_engine", "launch", "--device", "cpu",
                        "--nproc", str(nproc), "--nnodes", "2", "--node-rank", str(node),
-                       "--rdzv-endpoint", endpoint, "--local-addr",
-                       host.address, "--run-dir", str(run_dir), "--log-every", "5", *extra],
-                      log, engine_env())
+                       "--rdzv-endpoint", endpoint, *where, "--run-dir", str(run_dir),
+                       "--log-every", "5", *extra], log, env)
 
 
 def logs(tmp_path: Path) -> str:
@@ -98,15 +101,17 @@ def test_two_hosts_train_as_one_run_with_node_0_hosting_the_rendezvous(tmp_path:
 
 
 @contextlib.contextmanager
-def training_on_two_hosts(tmp_path: Path, *extra: str,
+def training_on_two_hosts(tmp_path: Path, *extra: str, node1_local_addr: bool = True,
                           ) -> Iterator[tuple[tuple[Host, Host], list[subprocess.Popen[bytes]],
                                               Path]]:
     """Both hosts' launchers started (open-ended runs) and training: (hosts, launchers, run
-    folder). Both launchers killed on the way out, whatever happened."""
+    folder); node 1's without --local-addr where ``node1_local_addr`` is False. Both launchers
+    killed on the way out, whatever happened."""
     run_dir = tmp_path / "run"
     with two_hosts() as hosts:
         procs = [launch_on(h, k, run_dir, tmp_path / f"node-{k}.log", "--max-steps", "1000000",
-                           *extra) for k, h in enumerate(hosts)]
+                           *extra, local_addr=k == 0 or node1_local_addr)
+                 for k, h in enumerate(hosts)]
         try:
             wait_for(lambda: len(metrics(run_dir)) >= 2 or any(p.poll() is not None
                                                                  for p in procs),

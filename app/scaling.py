@@ -35,7 +35,7 @@ from app.run_model import plural
 from ddp_engine.common.child_env import build_env
 from ddp_engine.common.config import ConfigError, RunConfig
 from ddp_engine.common.inventory import GpuInventory
-from ddp_engine.common.run_dir import FINAL_STATES, atomic_write_text, new_run_dir
+from ddp_engine.common.run_dir import FINAL_STATES, atomic_write_text, new_run_dir, read_status
 from ddp_engine.common.runs import sweep_process
 from ddp_engine.common.sweep_plan import DEFAULT_STEPS, parse_counts, plan_sweep, read_group
 
@@ -177,6 +177,11 @@ class ScalingView(QWidget):
         self.group = group
         self._draw(group, live)
         current = group.get("current") if live else None
+        if isinstance(current, str) and read_status(self.group_dir / current) is None:
+            # The sweep names a count as it starts its launcher, which writes the count's
+            # status a moment later: until then there is nothing to attach to (the dashboard
+            # would show a record of it and never the live run). Asked again at the next poll.
+            current = self._current
         if current != self._current:
             self._current = current if isinstance(current, str) else None
             if self._current:

@@ -43,10 +43,20 @@ def gpu_index(rank: int) -> int:
     return 7 - rank % 8
 
 
+def _stop_watched(w: MainWindow) -> None:
+    """A run the window still watches is stopped (and seen to end) before the window closes,
+    so closing never waits on the "leave it running?" question: a failed test fails, not
+    hangs. pytest-qt closes the windows before the fixtures' own teardown runs."""
+    if w.controller.active:
+        w.controller.stop()
+        wait_for(lambda: w.controller.poll_once() or not w.controller.active, 90,
+                 "the watched run to end at teardown")
+
+
 def _make(qtbot, tmp_path: Path, runs_dir: Path) -> MainWindow:
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     w = MainWindow(runs_dir=str(runs_dir), settings=settings, gpus=[])
-    qtbot.addWidget(w)
+    qtbot.addWidget(w, before_close_func=_stop_watched)
     w.show()
     return w
 
@@ -54,8 +64,8 @@ def _make(qtbot, tmp_path: Path, runs_dir: Path) -> MainWindow:
 @pytest.fixture
 def open_window(qtbot, tmp_path: Path) -> Iterator[Callable[[Path], MainWindow]]:
     """``open_window(runs_dir)``: a shown MainWindow with settings of its own (no GPUs: CPU
-    processes). At teardown a run still watched is stopped, so closing the window never waits
-    on the "leave it running?" question (a failed test must fail, not hang)."""
+    processes). A run still watched at teardown is stopped before the window closes
+    (:func:`_stop_watched`)."""
     windows: list[MainWindow] = []
 
     def make(runs_dir: Path) -> MainWindow:
@@ -64,18 +74,10 @@ def open_window(qtbot, tmp_path: Path) -> Iterator[Callable[[Path], MainWindow]]
 
     yield make
     for w in windows:
-        if w.controller.active:
-            w.controller.stop()
-            wait_for(lambda w=w: w.controller.poll_once() or not w.controller.active, 90,
-                     "the watched run to end at teardown")
         w.runs.stop_watching()
 
 
 @pytest.fixture
 def window(qtbot, tmp_path: Path):
-    w = _make(qtbot, tmp_path, tmp_path / "runs")
-    yield w
-    if w.controller.active:
-        w.controller.stop()
-        wait_for(lambda: not w.controller.active or (w.controller.poll_once() and False), 60,
-                 "the run to end at teardown")
+    """A shown MainWindow on tmp_path/runs (see :func:`open_window`)."""
+    return _make(qtbot, tmp_path, tmp_path / "runs")

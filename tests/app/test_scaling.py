@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,38 @@ def test_a_count_the_sweep_distrusts_is_marked_and_says_why(open_window, tmp_pat
         "(at least 3 reports)",
         "\u26a0 2 devices: efficiency 4.07 is above 1.1, better than linear: the smaller count "
         "was slowed (warm-up, other work on the machine); raise --steps or run again"]
+
+
+def test_the_dashboard_follows_a_count_once_its_launcher_has_written_its_status(
+        qtbot, open_window, fake_launcher, tmp_path: Path) -> None:
+    """The sweep names its current count as it starts that count's launcher, which writes the
+    count's status.json a moment later (longer on a loaded machine). A poll in between found
+    nothing to attach to: the dashboard showed a record of the count, never the live run, and
+    Stop was not the sweep's (CI caught it). The count is followed once it can be attached."""
+    group = tmp_path / "runs" / "mlp-synthetic-sweep-1"
+    (group / "nproc-1").mkdir(parents=True)  # as the sweep leaves it before the launcher runs
+    (group / "group.json").write_text(json.dumps({
+        "kind": "scaling_sweep", "version": 1, "state": "running", "counts": [1, 2],
+        "steps": 1000, "device": "cpu", "config": {"model": "mlp"},
+        "started": fake_launcher.create_time(), "ended": None, "sweep_pid": fake_launcher.pid,
+        "hostname": socket.gethostname(), "current": "nproc-1", "reason": None, "results": []}))
+    w = open_window(tmp_path / "runs")
+    followed: list[Path] = []
+    w.scaling.current_run.connect(followed.append)
+    assert w.open_run(group) == "group"
+    assert w.scaling.live and followed == [] and w.viewing is None  # not yet: no status
+    shutil.rmtree(group / "nproc-1")
+    make_run_folder(group, "nproc-1", state="running", world_size=1,
+                    launcher_pid=fake_launcher.pid, started=fake_launcher.create_time())
+    w.scaling.poll_once()
+    assert followed == [group / "nproc-1"]
+    assert w.controller.active and w.viewing == (group / "nproc-1").resolve()
+    assert w.sweeps.watching_sweep()  # Stop now stops the sweep
+    w.scaling.poll_once()
+    assert followed == [group / "nproc-1"]  # once
+    fake_launcher.kill()  # the count's launcher (and the sweep) gone: the window sees it end
+    qtbot.waitUntil(lambda: w.controller.poll_once() or not w.controller.active,
+                    timeout=30_000)
 
 
 def test_bad_sweep_input_is_named_and_starts_nothing(open_window, tmp_path: Path) -> None:

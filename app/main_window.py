@@ -407,7 +407,8 @@ class MainWindow(QMainWindow):
         self.last_result = result
         if result.get("state") == "disconnected":  # no final event came: the store cannot know
             self.store.info.state = "disconnected"
-        self.message_label.setText(finished_text(result))
+        self.message_label.setText(self.sweeps.end_text(self.controller.run_dir,
+                                                         finished_text(result)))
         if self.viewing is not None and self.viewing == self.controller.run_dir:
             self._show_end(self.viewing)
         if result.get("state") == "failed":

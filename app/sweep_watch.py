@@ -55,6 +55,16 @@ class SweepWatch:
         if not self._watched_elsewhere():
             self.window.message_label.setText(text)
 
+    def end_text(self, run_dir: Path | None, text: str) -> str:
+        """What the status bar says as the watched run ends (``text``): for a count of the
+        sweep shown once that sweep has ended, the sweep's own words, said before the last
+        count's end reached the window."""
+        view = self.window._scaling
+        if (run_dir is not None and view is not None and view.group_dir is not None
+                and run_dir.resolve().parent == view.group_dir.resolve() and not view.live):
+            return view.label.text()
+        return text
+
     def follow(self, run_dir: Path) -> None:
         """The dashboard shows the count that is training now (the tab on screen stays)."""
         w = self.window

@@ -97,6 +97,31 @@ def test_the_dashboard_follows_a_count_once_its_launcher_has_written_its_status(
                     timeout=30_000)
 
 
+def test_the_last_counts_end_leaves_the_sweeps_words_in_the_status_bar(
+        qtbot, open_window, fake_launcher, tmp_path: Path) -> None:
+    """The sweep has completed (the Scaling tab said so) and only then does the window see its
+    last count end: the status bar keeps speaking of the sweep (issue 18 item 11), not of that
+    count (the order CI's load gave once)."""
+    group = tmp_path / "runs" / "mlp-synthetic-sweep-1"
+    group.mkdir(parents=True)
+    count = make_run_folder(group, "nproc-2", state="running", world_size=2,
+                            launcher_pid=fake_launcher.pid, started=fake_launcher.create_time())
+    (group / "group.json").write_text(json.dumps({
+        "kind": "scaling_sweep", "version": 1, "state": "completed", "counts": [2],
+        "steps": 30, "device": "cpu", "config": {"model": "mlp"}, "started": 1.0, "ended": 9.0,
+        "sweep_pid": 1, "current": None, "reason": None,
+        "results": result_rows([(2, "completed", 1800.0, 0.01, 4)])}))
+    w = open_window(tmp_path / "runs")
+    assert w.open_run(count) == "live"
+    w.scaling.show_group(group)
+    said = w.message_label.text()
+    assert said.startswith("scaling sweep ") and "completed" in said
+    fake_launcher.kill()
+    qtbot.waitUntil(lambda: w.controller.poll_once() or not w.controller.active,
+                    timeout=30_000)
+    assert w.message_label.text() == said
+
+
 def test_bad_sweep_input_is_named_and_starts_nothing(open_window, tmp_path: Path) -> None:
     w = open_window(tmp_path / "runs")
     w.scaling.counts.setText("1,x")

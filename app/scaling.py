@@ -177,7 +177,8 @@ class ScalingView(QWidget):
         self.group = group
         self._draw(group, live)
         current = group.get("current") if live else None
-        if isinstance(current, str) and read_status(self.group_dir / current) is None:
+        if (isinstance(current, str) and current != self._current
+                and read_status(self.group_dir / current) is None):
             # The sweep names a count as it starts its launcher, which writes the count's
             # status a moment later: until then there is nothing to attach to (the dashboard
             # would show a record of it and never the live run). Asked again at the next poll.

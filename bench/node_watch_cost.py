@@ -50,6 +50,14 @@ def main() -> None:
     parser.add_argument("--beats", type=int, default=3000)
     parser.add_argument("--nnodes", default="2,8", help="comma-separated node counts")
     args = parser.parse_args()
+    try:
+        counts = [int(n) for n in args.nnodes.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 2:
+        parser.error(f"--nnodes: {args.nnodes!r}: give node counts of 2 or more, e.g. 2,8")
+    if args.beats < 2:
+        parser.error(f"--beats: {args.beats}: give 2 or more")
     from torch.distributed import TCPStore
 
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
@@ -60,7 +68,7 @@ def main() -> None:
     print("| nodes | node | thread CPU per beat, median (p99) | wall per beat, median (p99) "
           "| process CPU per beat (store server too) | share of one core at a beat a second |")
     print("|---|---|---|---|---|---|")
-    for nnodes in (int(n) for n in args.nnodes.split(",")):
+    for nnodes in counts:
         watches = {k: NodeWatch(RunConfig(device="cpu", nproc=1, nnodes=nnodes, node_rank=k,
                                           rdzv_endpoint=endpoint), f"10.0.0.{k + 1}")
                    for k in range(nnodes)}

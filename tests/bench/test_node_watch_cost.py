@@ -20,3 +20,10 @@ def test_the_bench_times_a_beat_of_node_0_and_node_1() -> None:
     for _, cpu, cpu99, wall, wall99, _, share in rows:
         assert int(wall) > 0 and int(cpu99) >= int(cpu) and int(wall99) >= int(wall)
         assert float(share) < 1.0  # under a hundredth of a core at a beat a second
+
+
+def test_bad_input_names_the_field() -> None:
+    for args, field in ((["--nnodes", "1"], "--nnodes"), (["--beats", "0"], "--beats")):
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "node_watch_cost.py"), *args],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert proc.returncode == 2 and f"error: {field}: " in proc.stderr, proc.stderr

@@ -211,7 +211,9 @@ def test_a_real_run_names_its_slower_rank_1_never_rank_0(tmp_path: Path) -> None
     assert {rank for rank, _ in named} == {"1"}, out
     status = run_engine("status", str(run_dir))
     found = re.search(r"^straggler: rank 1: compute (\d+)% longer than the median rank's "
-                      r"\(waits [\d.]+ ms in the all-reduce, the others [\d.]+ ms\); CPU time",
+                      r"\(waits [\d.]+ ms in the all-reduce, the others [\d.]+ ms\); "
+                      # under load rank 1 may also get less CPU, which the status then says
+                      r"(likely cause: it got less CPU time [^;]*; )?CPU time",
                       status.stdout, re.M)
     assert found and int(found[1]) >= 15, status.stdout
     # Every stretch of 20 reports that named a straggler named rank 1.

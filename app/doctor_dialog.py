@@ -246,13 +246,20 @@ class DoctorDialog(QDialog):
         process.setProcessEnvironment(env)
         process.readyReadStandardOutput.connect(self._read_stdout)
         process.readyReadStandardError.connect(self._read_stderr)
-        process.finished.connect(lambda *_: self.poll_once())
+        # A method, not a lambda over self: the process is deleted before the dialog, and a
+        # lambda it held was the last reference to a dialog that nothing else held (a parentless
+        # one, as in the tests), which was then destroyed inside its own child's destructor:
+        # heap corruption, the test process aborted.
+        process.finished.connect(self._process_finished)
         process.errorOccurred.connect(self._failed_to_start)
         self.process = process
         process.start(sys.executable, args)
         self._set_controls()
         self._watch.start()
         return True
+
+    def _process_finished(self, *_args: object) -> None:
+        self.poll_once()
 
     def _failed_to_start(self, error: QProcess.ProcessError) -> None:
         if error == QProcess.ProcessError.FailedToStart and self.process is not None:

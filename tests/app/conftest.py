@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,7 +13,28 @@ from PySide6.QtCore import QSettings
 
 from app.charts.base import Chart
 from app.main_window import MainWindow
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
+
+FREED = """
+import gc
+from PySide6.QtCore import QCoreApplication, QEvent
+gc.collect()
+QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete.value)  # what deleteLater left
+print("freed")
+"""
+"""The end of a :func:`in_a_fresh_gui_process` snippet that dropped its last reference to a
+widget: the objects deleteLater() left are deleted now."""
+
+
+def in_a_fresh_gui_process(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a new Python (Qt offscreen, the repository importable, HOME in
+    ``tmp_path``) after ``app = QApplication([])``: for what would end the test's own process,
+    a crash in Qt's destructors."""
+    head = "from PySide6.QtWidgets import QApplication\napp = QApplication([])\n"
+    return subprocess.run([sys.executable, "-c", head + code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "QT_QPA_PLATFORM": "offscreen",
+                               "HOME": str(tmp_path)})
 
 
 def shown_chart(qtbot, width: int = 500, height: int = 300) -> Chart:

@@ -28,6 +28,7 @@ from ddp_engine.common.doctor_result import (
 from ddp_engine.common.gpus import GpuInfo
 from ddp_engine.common.inventory import GpuInventory, TorchBuild
 from ddp_engine.launch.doctor import add_doctor_arguments, examine, report_dict
+from tests.app.conftest import FREED, in_a_fresh_gui_process
 from tests.conftest import processes_mentioning
 from tests.simulated_nvml import SimulatedNvml, four_gpus, mig_gpu
 
@@ -159,6 +160,30 @@ def test_bad_options_show_the_doctors_one_line_error(qtbot, tmp_path: Path) -> N
                                      f"cores ({cores}), got {cores + 1}")
     assert not dialog.results.isVisible() and kept == []
     assert dialog.progress.maximum() == 1 and dialog.progress.value() == 0
+
+
+def test_a_finished_check_in_a_dialog_nobody_holds_is_freed_without_a_crash(
+        tmp_path: Path) -> None:
+    """The dialog's process is deleted (deleteLater) before the dialog; when nothing else holds
+    the dialog any more, the process must not be what held it (a lambda over the dialog on one
+    of its signals did: the dialog was then destroyed inside its child's destructor, and the
+    test process crashed with heap corruption in CI)."""
+    done = in_a_fresh_gui_process(f"""
+import os
+from app.doctor_dialog import DoctorDialog
+from ddp_engine.common.inventory import GpuInventory
+dialog = DoctorDialog({str(tmp_path / "runs")!r}, inventory=GpuInventory(),
+                      cpu_processes=(os.cpu_count() or 1) + 1)  # the doctor refuses: quick
+dialog.show()
+assert dialog.start()
+while dialog.running:
+    app.processEvents()
+    dialog.process is not None and dialog.process.waitForFinished(100)
+assert dialog.last.kind == "error", dialog.last
+del dialog
+{FREED}""", tmp_path)
+    assert done.returncode == 0 and done.stdout.strip().endswith("freed"), done.stderr[-3000:]
+    assert "deleted directly" not in done.stderr, done.stderr[-3000:]
 
 
 # ------------------------------------------------------------------------- GPU machines

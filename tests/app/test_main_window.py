@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -21,9 +19,9 @@ from app.main_window import MainWindow
 from ddp_engine.common.protocol import read_monitor_file
 from ddp_engine.common.run_dir import iter_metrics, read_rank_files, read_status
 from ddp_engine.rank.telemetry import Telemetry
+from tests.app.conftest import in_a_fresh_gui_process
 from tests.conftest import (
     FAULTY,
-    REPO,
     endless_run,
     free_port,
     make_run_folder,
@@ -186,14 +184,11 @@ def test_a_crashing_rank_shows_failed_with_its_log_tail(qtbot, window: MainWindo
 
 
 def test_the_gui_process_never_imports_torch(tmp_path: Path) -> None:
-    code = ("import sys; from PySide6.QtWidgets import QApplication; app = QApplication([]);"
-            "from app.main_window import MainWindow; "
-            f"w = MainWindow(runs_dir={str(tmp_path)!r}); w.show(); _ = w.dashboard; "
-            "w.menus.show_about(); app.processEvents();"
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen",
-                               "HOME": str(tmp_path)}, timeout=60)
+    proc = in_a_fresh_gui_process(
+        "import sys; from app.main_window import MainWindow; "
+        f"w = MainWindow(runs_dir={str(tmp_path)!r}); w.show(); _ = w.dashboard; "
+        "w.menus.show_about(); app.processEvents();"
+        "sys.exit(1 if 'torch' in sys.modules else 0)", tmp_path)
     assert proc.returncode == 0, "the GUI imported torch: " + proc.stderr[-2000:]
 
 

@@ -23,6 +23,7 @@ import argparse
 import json
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -301,6 +302,10 @@ def _result(report: Report, raw: dict[str, Any]) -> DoctorResult:
 def run_doctor(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     """The whole command. Returns the exit code."""
     out = out or sys.stdout
+    # Ctrl+C, and the app's Cancel (a SIGINT), end the measurement's processes through
+    # KeyboardInterrupt, which Python sets up only where the parent left SIGINT alone: a process
+    # that a script started in the background inherits it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         report = examine(ns)
     except ConfigError as e:

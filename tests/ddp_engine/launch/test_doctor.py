@@ -10,6 +10,9 @@ import io
 import itertools
 import json
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,8 +41,9 @@ from ddp_engine.launch.doctor import (
     report_dict,
 )
 from ddp_engine.launch.doctor_facts import GpuFacts, PairLink
+from ddp_engine.launch.launcher import EXIT_FORCED
 from ddp_engine.launch.plan import plan_launch
-from tests.conftest import cuda, processes_mentioning, run_engine
+from tests.conftest import REPO, cuda, engine_env, processes_mentioning, run_engine, wait_for
 from tests.simulated_nvml import CPU_BUILD, CUDA_BUILD, SimGpu, SimulatedNvml, four_gpus, mig_gpu
 
 CPU_BUILD_PROBLEM = cuda_problem(CPU_BUILD, "550.54.15", (12, 4))
@@ -308,6 +312,28 @@ def test_a_measurement_past_its_timeout_is_ended_and_the_check_fails(tmp_path: P
             "(--timeout); its processes were ended") in proc.stdout
     assert processes_mentioning(str(tmp_path)) == []  # torchrun and its ranks: all gone
     assert not (runs / DOCTOR_FILE).exists()
+    assert not list(tmp_path.glob("rankscope-doctor-*"))
+
+
+def test_ctrl_c_ends_the_check_even_where_sigint_came_ignored(tmp_path: Path) -> None:
+    """Ctrl+C (the app's Cancel sends the same SIGINT) ends torchrun and the ranks and removes
+    the temporary folder, also in a doctor started with SIGINT ignored, as a script's
+    background job inherits it (without the doctor's own handler it went on measuring)."""
+    log = tmp_path / "stderr.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ddp_engine", "doctor", "--nproc", "2", "--seconds", "120",
+             "--progress", "--runs-dir", str(tmp_path / "runs")], cwd=REPO,
+            stdout=subprocess.DEVNULL, stderr=err, env={**engine_env(), "TMPDIR": str(tmp_path)},
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        wait_for(lambda: "progress 2/" in log.read_text(), 120, "the first all-reduce size")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == EXIT_FORCED, log.read_text()
+    finally:
+        proc.kill()
+    assert "interrupted: the measurement's processes were ended" in log.read_text()
+    assert processes_mentioning(str(tmp_path)) == []
     assert not list(tmp_path.glob("rankscope-doctor-*"))
 
 

@@ -14,6 +14,8 @@ TORCH  ?= auto
 TORCH_CPU  ?= torch==2.13.0
 TORCH_CUDA ?= torch
 STAMP  := $(VENV)/.installed
+# More pytest flags for make test (which lists its 12 slowest tests: the suite is held under
+# 20 minutes on 2 cores).
 PYTEST_ARGS ?=
 # Tests run in this many pytest-xdist workers (2: the suite took 22 min in one process on 2
 # cores, 15 in two, its real runs spending much of their time waiting on timeouts and starts).
@@ -55,7 +57,7 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 test: install lint
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=12 $(PYTEST_ARGS)
 
 # docs/RELIABILITY.md from a run of the fault matrix (tests/faults/).
 reliability: install

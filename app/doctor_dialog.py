@@ -246,20 +246,15 @@ class DoctorDialog(QDialog):
         process.setProcessEnvironment(env)
         process.readyReadStandardOutput.connect(self._read_stdout)
         process.readyReadStandardError.connect(self._read_stderr)
-        # A method, not a lambda over self: the process is deleted before the dialog, and a
-        # lambda it held was the last reference to a dialog that nothing else held (a parentless
-        # one, as in the tests), which was then destroyed inside its own child's destructor:
-        # heap corruption, the test process aborted.
-        process.finished.connect(self._process_finished)
+        # A method, not a lambda over self: a lambda kept by the process (deleted first) could be
+        # the last reference to a parentless dialog, then destroyed inside its own child (a crash).
+        process.finished.connect(self.poll_once)
         process.errorOccurred.connect(self._failed_to_start)
         self.process = process
         process.start(sys.executable, args)
         self._set_controls()
         self._watch.start()
         return True
-
-    def _process_finished(self, *_args: object) -> None:
-        self.poll_once()
 
     def _failed_to_start(self, error: QProcess.ProcessError) -> None:
         if error == QProcess.ProcessError.FailedToStart and self.process is not None:
